@@ -1,0 +1,108 @@
+#include "core/region_journal.h"
+
+#include "core/status.h"
+
+namespace torch_replay {
+
+int64_t RegionJournal::record(
+    StorageKey key, const StorageRef& storage, const RangeSet& ranges) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pins_.empty() || ranges.empty()) {
+    return -1;
+  }
+  if (ranges.ranges().front().begin < 0 ||
+      ranges.ranges().back().end > storage.nbytes) {
+    throw ReplayException(
+        ErrorKind::kInternal, "journal: byte range outside its storage");
+  }
+  auto blob = storage.device->gather(storage.base, ranges);
+  bytes_ += blob->nbytes();
+  entries_.push_back({next_seq_, key, ranges, std::move(blob)});
+  return next_seq_++;
+}
+
+int64_t RegionJournal::pin() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pins_.insert(next_seq_);
+  return next_seq_;
+}
+
+void RegionJournal::unpin(int64_t seq) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = pins_.find(seq);
+  if (it == pins_.end()) {
+    throw ReplayException(ErrorKind::kInternal, "journal: unpin of a free pin");
+  }
+  pins_.erase(it);
+  trim_locked();
+}
+
+bool RegionJournal::recording() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !pins_.empty();
+}
+
+int64_t RegionJournal::end() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return next_seq_;
+}
+
+void RegionJournal::trim_locked() {
+  const int64_t keep_from = pins_.empty() ? next_seq_ : *pins_.begin();
+  while (!entries_.empty() && entries_.front().seq < keep_from) {
+    bytes_ -= entries_.front().old_bytes->nbytes();
+    entries_.pop_front();
+  }
+}
+
+void RegionJournal::undo_to(int64_t seq, const Resolver& resolve) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!entries_.empty() && entries_.front().seq > seq) {
+    throw ReplayException(
+        ErrorKind::kInternal, "journal: entries needed for undo were dropped");
+  }
+  for (auto it = entries_.rbegin(); it != entries_.rend() && it->seq >= seq;
+       ++it) {
+    StorageRef storage = resolve(it->key);
+    storage.device->scatter(storage.base, it->ranges, *it->old_bytes);
+  }
+}
+
+std::map<StorageKey, RangeSet> RegionJournal::touched_since(int64_t seq) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<StorageKey, RangeSet> out;
+  for (const auto& e : entries_) {
+    if (e.seq >= seq) {
+      out[e.key].add(e.ranges);
+    }
+  }
+  return out;
+}
+
+int64_t RegionJournal::bytes_since(int64_t seq) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  int64_t total = 0;
+  for (const auto& e : entries_) {
+    if (e.seq >= seq) {
+      total += e.old_bytes->nbytes();
+    }
+  }
+  return total;
+}
+
+int64_t RegionJournal::bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
+int64_t RegionJournal::entries() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(entries_.size());
+}
+
+RegionJournal& RegionJournal::global() {
+  static RegionJournal journal;
+  return journal;
+}
+
+}  // namespace torch_replay

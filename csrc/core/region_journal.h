@@ -1,0 +1,80 @@
+#pragma once
+
+// Note [Region journal]
+// One process-wide log of destructive writes to declared storages. Before a
+// write, the bytes it will overwrite are recorded with their region, in
+// program order. A segment that chose the journal pins the log position at
+// its start; to replay it, every entry recorded since that position is
+// undone newest first, which brings each touched byte back to the value it
+// had when the segment started. Because the log is shared, a segment keeps
+// (logically) the union of its own destructive writes and those of every
+// later segment: exactly what it needs, since a later segment can destroy a
+// region this one reads. Entries older than the oldest pin are dropped.
+// "Redo" (coming back to the live state after the replay) saves the live
+// bytes of the union of regions touched since the position before undoing,
+// and writes them back afterwards (RegionStore).
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+
+#include "core/region_store.h"
+
+namespace torch_replay {
+
+class RegionJournal {
+ public:
+  RegionJournal() = default;
+  RegionJournal(const RegionJournal&) = delete;
+  RegionJournal& operator=(const RegionJournal&) = delete;
+
+  // Records the current bytes of `ranges` of storage `key`, which the caller
+  // is about to overwrite. Returns the entry's sequence number. Entries are
+  // recorded only while some position is pinned (otherwise nobody can need
+  // them) and -1 is returned.
+  int64_t record(StorageKey key, const StorageRef& storage, const RangeSet& ranges);
+
+  // Pins the current end of the log and returns it.
+  int64_t pin();
+  // Releases one pin made by pin(). Precondition: `seq` was returned by pin().
+  void unpin(int64_t seq);
+  bool recording() const;
+
+  // The sequence number the next entry will get.
+  int64_t end() const;
+
+  // Undoes every entry with sequence number >= seq, newest first.
+  // Precondition: seq is pinned (so no needed entry was dropped).
+  void undo_to(int64_t seq, const Resolver& resolve) const;
+
+  // Per storage, the union of regions recorded at or after `seq`.
+  std::map<StorageKey, RangeSet> touched_since(int64_t seq) const;
+  // Bytes held by entries at or after `seq`.
+  int64_t bytes_since(int64_t seq) const;
+  // Bytes held by the whole log.
+  int64_t bytes() const;
+  int64_t entries() const;
+
+  // The process-wide journal used by the checkpoint engines.
+  static RegionJournal& global();
+
+ private:
+  struct Entry {
+    int64_t seq;
+    StorageKey key;
+    RangeSet ranges;
+    std::unique_ptr<Blob> old_bytes;
+  };
+  void trim_locked();
+
+  mutable std::mutex mutex_;
+  std::deque<Entry> entries_;
+  std::multiset<int64_t> pins_;
+  int64_t next_seq_ = 0;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace torch_replay

@@ -1,0 +1,111 @@
+#include "core/region_store.h"
+
+#include "core/status.h"
+
+namespace torch_replay {
+
+namespace {
+
+const RangeSet& empty_ranges() {
+  static const RangeSet empty;
+  return empty;
+}
+
+void check_inside(const StorageRef& storage, const RangeSet& ranges) {
+  if (!ranges.empty() &&
+      (ranges.ranges().front().begin < 0 ||
+       ranges.ranges().back().end > storage.nbytes)) {
+    throw ReplayException(
+        ErrorKind::kInternal, "byte range outside its storage");
+  }
+}
+
+}  // namespace
+
+RangeSet RegionStore::save(
+    StorageKey key, const StorageRef& storage, const RangeSet& ranges) {
+  check_inside(storage, ranges);
+  Entry& entry = entries_[key];
+  RangeSet fresh = ranges.subtract(entry.saved);
+  if (fresh.empty()) {
+    return fresh;
+  }
+  auto blob = storage.device->gather(storage.base, fresh);
+  bytes_ += blob->nbytes();
+  entry.saved.add(fresh);
+  entry.pieces.push_back({fresh, std::move(blob)});
+  return fresh;
+}
+
+void RegionStore::restore(StorageKey key, const StorageRef& storage) const {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    return;
+  }
+  for (const auto& piece : it->second.pieces) {
+    storage.device->scatter(storage.base, piece.ranges, *piece.blob);
+  }
+}
+
+void RegionStore::restore_all(const Resolver& resolve) const {
+  for (const auto& [key, entry] : entries_) {
+    restore(key, resolve(key));
+  }
+}
+
+const RangeSet& RegionStore::saved(StorageKey key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? empty_ranges() : it->second.saved;
+}
+
+std::vector<StorageKey> RegionStore::keys() const {
+  std::vector<StorageKey> out;
+  for (const auto& kv : entries_) {
+    out.push_back(kv.first);
+  }
+  return out;
+}
+
+void RegionStore::clear() {
+  entries_.clear();
+  bytes_ = 0;
+}
+
+void FootprintHashes::add(
+    StorageKey key, const StorageRef& storage, const RangeSet& ranges) {
+  check_inside(storage, ranges);
+  Entry& entry = entries_[key];
+  RangeSet fresh = ranges.subtract(entry.ranges);
+  if (fresh.empty()) {
+    return;
+  }
+  entry.pieces.emplace_back(fresh, storage.device->hash(storage.base, fresh));
+  entry.ranges.add(fresh);
+}
+
+StorageKey FootprintHashes::first_mismatch(const Resolver& resolve) const {
+  for (const auto& [key, entry] : entries_) {
+    StorageRef storage = resolve(key);
+    for (const auto& [ranges, hash] : entry.pieces) {
+      if (storage.device->hash(storage.base, ranges) != hash) {
+        return key;
+      }
+    }
+  }
+  return 0;
+}
+
+const RangeSet& FootprintHashes::ranges(StorageKey key) const {
+  auto it = entries_.find(key);
+  return it == entries_.end() ? empty_ranges() : it->second.ranges;
+}
+
+std::vector<StorageKey> FootprintHashes::keys() const {
+  std::vector<StorageKey> out;
+  for (const auto& kv : entries_) {
+    out.push_back(kv.first);
+  }
+  return out;
+}
+
+}  // namespace torch_replay

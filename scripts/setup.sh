@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Sets up everything torch_replay needs on a fresh Debian machine, then builds
+# the extension into ./.venv. Safe to rerun: every step is skipped when done.
+#
+#   TORCH_REPLAY_TORCH=2.13.0  (default) CPU build of torch from the wheels on disk
+#   TORCH_REPLAY_TORCH=2.14.1  CUDA build with torchvision 0.29.1 (about 5.5 GB)
+#   TORCH_REPLAY_VENV=DIR      where the virtual environment lives (default .venv)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION="${TORCH_REPLAY_TORCH:-2.13.0}"
+VENV="${TORCH_REPLAY_VENV:-.venv}"
+log() { echo "[setup] $*"; }
+
+# 1. System packages: compilers, CMake, Boost.Graph, GoogleTest.
+need=()
+for pkg in g++ cmake libboost-graph-dev libgtest-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing Debian packages: ${need[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# 2. Python environment with torch from the wheels already on this machine.
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV"
+  python3 -m venv "$VENV"
+fi
+PY="$VENV/bin/python"
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+  log "installing torch==$TORCH_VERSION"
+  if [ "$TORCH_VERSION" = "2.14.1" ]; then
+    "$PY" -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
+  else
+    "$PY" -m pip install -q "torch==$TORCH_VERSION"
+  fi
+fi
+"$PY" -m pip install -q -r requirements-dev.txt
+
+# 3. The extension, linked against the torch in $VENV.
+log "building the extension (pip install --no-build-isolation -e .)"
+MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" -m pip install -q --no-build-isolation --no-deps -e .
+"$PY" -c "import torch_replay; print('[setup] torch_replay', torch_replay.__version__, 'with torch', __import__('torch').__version__)"

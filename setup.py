@@ -1,0 +1,58 @@
+"""Build the torch_replay C++ extension.
+
+Build knobs (environment variables, documented in README.md "Build knobs"):
+  TORCH_REPLAY_DEBUG=1      compile with -O0 -g and assertions.
+  TORCH_REPLAY_NO_CUDA=1    never build the CUDA kernels, even with a CUDA torch.
+  MAX_JOBS=N                parallel compile jobs (torch's own knob).
+
+Always build with ``pip install --no-build-isolation -e .`` so the extension
+links against the torch that will import it.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+from setuptools import setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _sources(pattern: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(ROOT, pattern)))
+    return [os.path.relpath(f, ROOT) for f in files if not f.endswith("_test.cpp")]
+
+
+def _extension():
+    debug = os.environ.get("TORCH_REPLAY_DEBUG", "0") == "1"
+    cxx = ["-std=c++17", "-O0" if debug else "-O3", "-fvisibility=hidden"]
+    if debug:
+        cxx += ["-g", "-DTORCH_REPLAY_DEBUG"]
+    sources = _sources("csrc/core/*.cpp") + _sources("csrc/aten/*.cpp") + _sources("csrc/python/*.cpp")
+    include_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, "cuda")]
+    with_cuda = (
+        torch.version.cuda is not None
+        and CUDA_HOME is not None
+        and os.environ.get("TORCH_REPLAY_NO_CUDA", "0") != "1"
+    )
+    if with_cuda:
+        sources += _sources("cuda/*.cu") + _sources("csrc/aten/cuda/*.cpp")
+        return CUDAExtension(
+            "torch_replay._C",
+            sources,
+            include_dirs=include_dirs,
+            define_macros=[("TORCH_REPLAY_WITH_CUDA", "1")],
+            extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-std=c++17"]},
+        )
+    return CppExtension(
+        "torch_replay._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx}
+    )
+
+
+setup(
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)
