@@ -44,6 +44,35 @@
 //    merge.
 //  * Dominance is tested with one sweep in Q order over a staircase of
 //    (R, C): O(N log N) for N candidate states per segment.
+//  * Branch and bound on time (see Note [Planner time bound]).
+//
+// Note [Planner time bound]
+// With real-valued times the (R, C) frontier grows quickly (thousands of
+// states after 64 segments under memory pressure), so the planner also
+// drops states that provably cannot reach the optimal time:
+//  * an upper bound U on the optimum comes from feasible plans built
+//    greedily: for each of up to 64 caps T on the transient, options with
+//    transient <= T, then every segment moves along its lower convex hull of
+//    (retained, time) in order of least time per byte saved until
+//    retained + T fits;
+//  * a lower bound on the time any completion of a state (R, Q, C) adds is
+//    the LP relaxation of the multiple-choice knapsack "least suffix time
+//    with suffix retained <= budget - persistent - R - Q": suffix segments
+//    start at their fastest hull vertex and pay for saved bytes along the
+//    hull edges of all suffix segments, cheapest per byte first, the last
+//    one fractionally. The edges are kept in a Fenwick tree sorted by
+//    time per byte; leaving a segment zeroes its edges, so each bound costs
+//    O(log E) for E edges.
+// A pass with limit L drops a state when C + bound > L + slack, where slack
+// (1e-9 of the summed largest times) covers floating-point rounding, so
+// every plan of time <= L survives it; dominance only drops states whose
+// completions are no better than a survivor's. Hence if the pass returns a
+// plan of time <= L, that plan is the optimum, the same one Note [Planner
+// tie-breaking] picks. The planner runs passes with L = LB + (U - LB) / 2^k
+// for k = 6, 5, ..., 0 (LB the LP bound of the whole problem) and stops at
+// the first that certifies its plan; L = U always does. The LP gap is small
+// next to U - LB on large problems, so the early passes usually certify and
+// their frontiers stay far smaller than with L = U.
 //
 // Note [Planner tie-breaking]
 // Among plans of least total time (summed in segment order as doubles), the
@@ -79,6 +108,13 @@ enum class PlannerDominance {
   kSummedMemory,
 };
 
+struct PlannerSettings {
+  PlannerDominance dominance = PlannerDominance::kRetainedTransientTime;
+  // Branch and bound on time, Note [Planner time bound]. Exact either way;
+  // turning it off is for tests and measurements.
+  bool time_bound = true;
+};
+
 struct PlannerResult {
   // False when no plan fits the budget (or, only with kSummedMemory, when the
   // unsafe pruning lost every feasible plan).
@@ -95,6 +131,14 @@ struct PlannerResult {
   std::vector<int64_t> frontier_sizes;
   // Number of candidate states generated over all segments.
   int64_t states_generated = 0;
+  // Candidates dropped by Note [Planner time bound].
+  int64_t states_pruned_by_time = 0;
+  // The greedy upper bound on the time (infinity when none was found or the
+  // time bound was off).
+  double time_upper_bound = 0.0;
+  // DP runs made by the iterative deepening of Note [Planner time bound];
+  // frontier_sizes are those of the last one.
+  int rounds = 1;
 };
 
 class ParetoPlanner {
@@ -127,10 +171,22 @@ class ParetoPlanner {
   // min_budget. Memory use is proportional to the sum of frontier sizes.
   PlannerResult solve(
       int64_t budget,
-      PlannerDominance dominance =
-          PlannerDominance::kRetainedTransientTime) const;
+      const PlannerSettings& settings = PlannerSettings()) const;
+
+  // The time of a feasible plan found greedily (Note [Planner time bound]),
+  // or infinity when the greedy finds none. Any budget is accepted.
+  double greedy_upper_bound(int64_t budget) const;
+
+  // The LP lower bound of Note [Planner time bound] on the optimal time.
+  // Precondition: budget >= min_budget().
+  double root_lower_bound(int64_t budget) const;
 
  private:
+  // One DP pass keeping every plan of time <= limit (no bound when limit is
+  // infinite).
+  PlannerResult run(
+      int64_t budget, PlannerDominance dominance, double limit) const;
+
   std::vector<std::vector<PlannerOption>> segments_;
   int64_t persistent_ = 0;
   int64_t min_budget_ = 0;
@@ -138,6 +194,11 @@ class ParetoPlanner {
   std::vector<int64_t> suffix_min_retained_;
   // suffix_transient_floor_[i]: max over segments j >= i of min transient.
   std::vector<int64_t> suffix_transient_floor_;
+  // Lower convex hull of each segment's (retained, time) points: option
+  // indices by increasing retained (so decreasing time). Fastest last.
+  std::vector<std::vector<int32_t>> hulls_;
+  // Sum over all segments of the largest option time (scale of the slack).
+  double time_scale_ = 0.0;
 };
 
 }  // namespace torch_replay

@@ -14,6 +14,11 @@ namespace {
 
 using Segments = std::vector<std::vector<PlannerOption>>;
 
+// The naive summed-memory DP (no time bound, which could hide its mistakes).
+const PlannerSettings kSummed{PlannerDominance::kSummedMemory, false};
+const PlannerSettings kNoTimeBound{
+    PlannerDominance::kRetainedTransientTime, false};
+
 // Exhaustive reference: every plan in lexicographic order of option indices
 // (segment 0 most significant); a later plan replaces the best only if it is
 // strictly faster, or as fast with a strictly lower peak. That is Note
@@ -177,6 +182,9 @@ TEST(ParetoPlannerTest, RandomSmallInstancesMatchBruteForce) {
       // Arbitrary doubles: the time and peak are exact; the tie rule is only
       // guaranteed for exact sums (Note [Planner tie-breaking]).
       expect_same(got, want, /*check_choices=*/time_kind < 2, instance);
+      // The same without the time bound.
+      expect_same(
+          planner.solve(M, kNoTimeBound), want, time_kind < 2, instance);
       if (got.feasible) {
         ++feasible;
         expect_consistent(segs, P, got);
@@ -184,9 +192,57 @@ TEST(ParetoPlannerTest, RandomSmallInstancesMatchBruteForce) {
     }
   }
   EXPECT_EQ(instance, 12000);
+  RecordProperty("instances", instance);
+  RecordProperty("feasible", feasible);
   // The budgets straddle the feasibility edge: both outcomes are exercised.
   EXPECT_GT(feasible, 6000);
   EXPECT_LT(feasible, 12000);
+}
+
+// Medium instances (too large to enumerate) with costs shaped like the
+// engines' (eager keeps activations; the others keep inputs plus preserved
+// state and replay the activations as transient): the time bound and its
+// iterative deepening must not change the answer of the plain exact DP, and
+// the bounds must bracket the optimum.
+TEST(ParetoPlannerTest, TimeBoundMatchesPlainDpOnMediumInstances) {
+  std::mt19937_64 rng(31);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int certified_early = 0;
+  for (int i = 0; i < 300; ++i) {
+    const int n = 8 + static_cast<int>(u(rng) * 24);
+    Segments segs(n);
+    int64_t eager = 0;
+    for (auto& seg : segs) {
+      const int64_t act = 64 + static_cast<int64_t>(u(rng) * 192);
+      const int64_t in = 4 + static_cast<int64_t>(u(rng) * 12);
+      const int64_t buf = 32 + static_cast<int64_t>(u(rng) * 96);
+      const double f = 0.5 + u(rng);
+      const double w = 0.01 + 0.2 * u(rng);
+      seg.push_back({act, 0, 0.0});
+      seg.push_back({in + buf, act, f + 0.1 * u(rng)});
+      const auto journal = static_cast<int64_t>(w * buf);
+      seg.push_back({in + journal, act + journal, f * (1.1 + 0.3 * u(rng))});
+      if (u(rng) < 0.5) {
+        seg.push_back({in, act, f * (1.02 + 0.05 * u(rng))});
+      }
+      eager += act;
+    }
+    ParetoPlanner planner(segs, 0);
+    const int64_t M =
+        planner.min_budget() +
+        static_cast<int64_t>(u(rng) * (eager - planner.min_budget()));
+    const PlannerResult plain = planner.solve(M, kNoTimeBound);
+    const PlannerResult fast = planner.solve(M);
+    ASSERT_TRUE(plain.feasible);
+    ASSERT_TRUE(fast.feasible);
+    ASSERT_EQ(fast.time, plain.time) << "instance " << i;
+    ASSERT_EQ(fast.peak, plain.peak) << "instance " << i;
+    ASSERT_EQ(fast.choices, plain.choices) << "instance " << i;
+    EXPECT_LE(planner.root_lower_bound(M), plain.time * (1 + 1e-12));
+    EXPECT_GE(planner.greedy_upper_bound(M), plain.time);
+    certified_early += fast.rounds < 7;
+  }
+  RecordProperty("certified_before_last_round", certified_early);
 }
 
 TEST(ParetoPlannerTest, EveryBudgetOfOneInstanceMatchesBruteForce) {
@@ -221,8 +277,7 @@ TEST(ParetoPlannerTest, SummedMemoryDominanceLosesTheOptimum) {
   EXPECT_EQ(exact.time, 0.0);
   EXPECT_EQ(exact.peak, 8);
 
-  const PlannerResult summed =
-      planner.solve(10, PlannerDominance::kSummedMemory);
+  const PlannerResult summed = planner.solve(10, kSummed);
   ASSERT_TRUE(summed.feasible);
   EXPECT_EQ(summed.choices, (std::vector<int32_t>{1, 1}));
   EXPECT_EQ(summed.time, 10.0);  // 10 instead of 0
@@ -246,8 +301,7 @@ TEST(ParetoPlannerTest, SummedMemoryDominanceLosesFeasibility) {
   EXPECT_EQ(exact.peak, 8);
   EXPECT_EQ(planner.min_budget(), 8);
 
-  const PlannerResult summed =
-      planner.solve(10, PlannerDominance::kSummedMemory);
+  const PlannerResult summed = planner.solve(10, kSummed);
   EXPECT_FALSE(summed.feasible);
 }
 
@@ -271,8 +325,7 @@ TEST(ParetoPlannerTest, SummedMemoryWrongAcrossAMiddleSegment) {
   ASSERT_TRUE(exact.feasible);
   EXPECT_EQ(exact.choices, (std::vector<int32_t>{1, 0, 0}));
   EXPECT_EQ(exact.time, 1.0);
-  const PlannerResult summed =
-      planner.solve(7, PlannerDominance::kSummedMemory);
+  const PlannerResult summed = planner.solve(7, kSummed);
   ASSERT_TRUE(summed.feasible);
   EXPECT_EQ(summed.time, 6.0);
 }
@@ -287,8 +340,7 @@ TEST(ParetoPlannerTest, SummedMemoryFailsOnRandomInstances) {
     const int64_t M = random_budget(rng, segs, 0);
     ParetoPlanner planner(segs, 0);
     const PlannerResult exact = planner.solve(M);
-    const PlannerResult summed =
-        planner.solve(M, PlannerDominance::kSummedMemory);
+    const PlannerResult summed = planner.solve(M, kSummed);
     if (exact.feasible != summed.feasible ||
         (exact.feasible && summed.time != exact.time)) {
       ++wrong;
