@@ -1,0 +1,371 @@
+"""Joint preservation-aware planner (SPEC section 2.3).
+
+Each checkpointed segment of a model can be run with one of several options:
+keep its activations (``"eager"``) or recompute them in the backward after
+making its declared state available again by a whole ``"snapshot"``, a region
+``"journal"``, ``"readset"`` preservation or a ``"guard"``. Option ``o`` of
+segment ``i`` costs retained bytes ``r[i, o]`` (held from the forward to the
+backward), transient bytes ``q[i, o]`` (held only while that segment is
+replayed) and time ``c[i, o]``. :func:`plan` picks one option per segment to
+
+    minimise  sum(c)   subject to   persistent + sum(r) + max(q) <= budget
+
+exactly, with the dynamic program of ``csrc/core/pareto_planner.h`` (full
+Pareto frontier of (retained, max transient, time), see Note [Planner
+dominance] there), and reports the two baselines of the SPEC:
+
+* ``objective="joint"``: every option at its true cost.
+* ``objective="state_agnostic"``: the preserved bytes are left out of the
+  objective (``retained - preserved`` is charged), as a planner unaware of
+  mutable state would do; the returned ``peak`` is the true peak of its
+  choice, so its budget overshoot shows.
+* ``objective="eager_whole"``: exact costs, but only ``"eager"`` and
+  ``"snapshot"`` may be chosen.
+
+Costs normally come from ``python -m torch_replay.calibrate``; bytes are
+integers, times any consistent unit.
+
+Tie-breaking (deterministic): among plans of least total time (times summed
+in segment order), the lowest peak; among those, the plan whose option
+positions are lexicographically first (segment 0 first; options in the order
+given). With times that sum exactly (integers, dyadic fractions) this holds
+exactly; otherwise time and peak are still optimal and only plans whose times
+differ by rounding may be ordered differently.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import time as _time
+from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
+
+from torch_replay.errors import InfeasibleBudgetError
+
+__all__ = [
+    "OPTION_NAMES",
+    "OBJECTIVES",
+    "Option",
+    "Plan",
+    "PlanPrediction",
+    "SolverStats",
+    "plan",
+]
+
+OPTION_NAMES: tuple[str, ...] = ("eager", "snapshot", "journal", "readset", "guard")
+"""The option names, one per engine of SPEC section 2.2."""
+
+OBJECTIVES: tuple[str, ...] = ("joint", "state_agnostic", "eager_whole")
+"""The objectives :func:`plan` accepts."""
+
+_EAGER_WHOLE = ("eager", "snapshot")
+
+
+def _nonnegative_int(value: object, what: str) -> int:
+    if isinstance(value, bool):
+        raise TypeError(f"{what} must be an integer number of bytes, got a bool")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"{what} must be an integer number of bytes, got {type(value).__name__} {value!r}"
+        ) from None
+    if number < 0:
+        raise ValueError(f"{what} must be >= 0, got {number}")
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One way to run one segment, with its measured costs.
+
+    Args:
+        name: One of :data:`OPTION_NAMES`.
+        retained: Bytes held from the forward until this segment's backward
+            (activations for ``"eager"``; inputs plus preserved state for the
+            others).
+        transient: Bytes held only while the segment is replayed.
+        time: Time the option adds to a training step (any unit, the same for
+            every option).
+        preserved: The part of ``retained`` owed to preserving mutable state
+            (snapshot copy, journal, read-set); 0 for ``"eager"``.
+
+    Raises:
+        ValueError: unknown name, negative or non-finite cost, ``preserved >
+            retained``, or ``"eager"`` with ``preserved != 0``.
+        TypeError: a byte count that is not an integer.
+    """
+
+    name: str
+    _: KW_ONLY
+    retained: int
+    transient: int
+    time: float
+    preserved: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTION_NAMES:
+            raise ValueError(f"Option name must be one of {OPTION_NAMES}, got {self.name!r}")
+        retained = _nonnegative_int(self.retained, f"Option {self.name!r} retained")
+        transient = _nonnegative_int(self.transient, f"Option {self.name!r} transient")
+        preserved = _nonnegative_int(self.preserved, f"Option {self.name!r} preserved")
+        try:
+            time = float(self.time)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"Option {self.name!r} time must be a real number, got {self.time!r}"
+            ) from None
+        if not math.isfinite(time) or time < 0:
+            raise ValueError(f"Option {self.name!r} time must be finite and >= 0, got {time}")
+        if preserved > retained:
+            raise ValueError(
+                f"Option {self.name!r}: preserved ({preserved}) is part of retained "
+                f"({retained}) and cannot exceed it"
+            )
+        if self.name == "eager" and preserved != 0:
+            raise ValueError("Option 'eager' keeps activations and preserves nothing: preserved=0")
+        object.__setattr__(self, "retained", retained)
+        object.__setattr__(self, "transient", transient)
+        object.__setattr__(self, "preserved", preserved)
+        object.__setattr__(self, "time", time)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanPrediction:
+    """Totals of a plan as the planner saw them (its objective's costs).
+
+    Equal to the plan's true totals except for ``objective="state_agnostic"``,
+    which does not see preserved bytes.
+    """
+
+    retained: int
+    """Sum of the charged retained bytes."""
+    transient: int
+    """Largest charged transient."""
+    peak: int
+    """persistent + retained + transient, as charged."""
+    time: float
+    """Sum of the times."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolverStats:
+    """How hard the exact solver worked (for benchmarks and diagnosis)."""
+
+    states_generated: int
+    """Candidate partial plans that entered dominance tests, over all rounds."""
+    states_pruned_by_time: int
+    """Candidates dropped by the exact time bound."""
+    rounds: int
+    """Dynamic-programming passes of the iterative deepening on time."""
+    time_upper_bound: float
+    """Time of the greedy feasible plan that bounds the search."""
+    seconds: float
+    """Wall time of the solve, in seconds."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """The option chosen for each segment, with its true costs.
+
+    ``peak`` is always computed from the true costs of the chosen options,
+    ``persistent + retained + transient``, whatever the objective.
+    """
+
+    choices: list[str]
+    """Option name per segment."""
+    indices: list[int]
+    """Position of the chosen option in each segment's list."""
+    options: list[Option]
+    """The chosen :class:`Option` per segment."""
+    time: float
+    """Sum of the chosen options' times (segment order)."""
+    peak: int
+    """True peak: persistent + retained + transient."""
+    retained: int
+    """Sum of the chosen options' retained bytes."""
+    transient: int
+    """Largest transient among the chosen options."""
+    persistent: int
+    """Persistent bytes given to :func:`plan`."""
+    budget: int
+    """The budget given to :func:`plan`."""
+    objective: str
+    """The objective it was planned with."""
+    min_budget: int
+    """Smallest budget for which this objective has a plan (as it charges)."""
+    predicted: PlanPrediction
+    """Totals as the objective charged them."""
+    frontier_sizes: list[int] = field(default_factory=list)
+    """Pareto frontier size after each segment (last solver round)."""
+    stats: SolverStats | None = None
+    """Solver effort."""
+
+    @property
+    def overshoot(self) -> int:
+        """Bytes by which the true peak exceeds the budget (0 if it fits)."""
+        return max(0, self.peak - self.budget)
+
+    @property
+    def fits(self) -> bool:
+        """Whether the true peak is within the budget."""
+        return self.peak <= self.budget
+
+
+def _core():
+    import torch  # noqa: F401  (loads the libraries the extension links against)
+
+    from torch_replay._ext import require_extension
+
+    return require_extension().planner
+
+
+def _checked_segments(options: Sequence[Sequence[Option]]) -> list[list[Option]]:
+    if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
+        raise TypeError("options must be a sequence (one entry per segment) of sequences of Option")
+    segments = []
+    for i, seg in enumerate(options):
+        if isinstance(seg, (str, bytes, Option)) or not isinstance(seg, Sequence):
+            raise TypeError(f"options[{i}] must be a sequence of Option, got {type(seg).__name__}")
+        if len(seg) == 0:
+            raise ValueError(f"segment {i} has no option; give it at least Option('eager', ...)")
+        names = set()
+        for opt in seg:
+            if not isinstance(opt, Option):
+                raise TypeError(f"options[{i}] holds {type(opt).__name__}, expected Option")
+            if opt.name in names:
+                raise ValueError(f"segment {i} lists option {opt.name!r} twice")
+            names.add(opt.name)
+        segments.append(list(seg))
+    return segments
+
+
+def plan(
+    options: Sequence[Sequence[Option]],
+    *,
+    budget: int,
+    persistent: int = 0,
+    objective: str = "joint",
+) -> Plan:
+    """Choose one option per segment: least total time within the memory budget.
+
+    Exact: the solver keeps the full Pareto frontier of (retained, max
+    transient, time) over segments, prunes only what provably cannot be
+    optimal, and never truncates. Ties are broken as described in the module
+    docstring (least time, then lowest peak, then earliest options).
+
+    Args:
+        options: One sequence of :class:`Option` per segment, in program order,
+            each name at most once per segment.
+        budget: Memory budget ``M`` in bytes.
+        persistent: Bytes held throughout (parameters, optimizer state,
+            buffers) ``P``.
+        objective: ``"joint"``, ``"state_agnostic"`` or ``"eager_whole"``
+            (see the module docstring).
+
+    Returns:
+        The chosen :class:`Plan`. Its ``peak`` is the true peak; for
+        ``"state_agnostic"`` it may exceed ``budget`` (see ``Plan.overshoot``).
+
+    Raises:
+        InfeasibleBudgetError: no plan of this objective fits the budget; its
+            ``min_budget`` is the smallest budget for which one does.
+        ValueError: bad arguments (unknown objective, negative sizes, a segment
+            with no usable option for ``"eager_whole"``, ...).
+        TypeError: arguments of the wrong type.
+    """
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    budget = _nonnegative_int(budget, "budget")
+    persistent = _nonnegative_int(persistent, "persistent")
+    segments = _checked_segments(options)
+
+    # The options the objective may use (positions into each segment) and the
+    # retained bytes it charges.
+    allowed: list[list[int]] = []
+    for i, seg in enumerate(segments):
+        positions = [
+            k for k, o in enumerate(seg) if objective != "eager_whole" or o.name in _EAGER_WHOLE
+        ]
+        if not positions:
+            raise ValueError(
+                f"segment {i} offers neither 'eager' nor 'snapshot' "
+                f"(it has {[o.name for o in seg]}), so objective='eager_whole' cannot plan it"
+            )
+        allowed.append(positions)
+
+    def charged(o: Option) -> int:
+        return o.retained - o.preserved if objective == "state_agnostic" else o.retained
+
+    core_input = [
+        [(charged(seg[k]), seg[k].transient, seg[k].time) for k in pos]
+        for seg, pos in zip(segments, allowed, strict=True)
+    ]
+    core = _core()
+    start = _time.perf_counter()
+    solver = core.ParetoPlanner(core_input, persistent)
+    result = solver.solve(budget)
+    seconds = _time.perf_counter() - start
+
+    if not result.feasible:
+        raise InfeasibleBudgetError(
+            _infeasible_message(objective, budget, persistent, result.min_budget),
+            min_budget=result.min_budget,
+        )
+
+    indices = [pos[c] for pos, c in zip(allowed, result.choices, strict=True)]
+    chosen = [seg[k] for seg, k in zip(segments, indices, strict=True)]
+    retained = sum(o.retained for o in chosen)
+    transient = max((o.transient for o in chosen), default=0)
+    total_time = 0.0
+    for o in chosen:
+        total_time += o.time
+    return Plan(
+        choices=[o.name for o in chosen],
+        indices=indices,
+        options=chosen,
+        time=total_time,
+        peak=persistent + retained + transient,
+        retained=retained,
+        transient=transient,
+        persistent=persistent,
+        budget=budget,
+        objective=objective,
+        min_budget=result.min_budget,
+        predicted=PlanPrediction(
+            retained=result.retained,
+            transient=result.transient,
+            peak=result.peak,
+            time=result.time,
+        ),
+        frontier_sizes=list(result.frontier_sizes),
+        stats=SolverStats(
+            states_generated=result.states_generated,
+            states_pruned_by_time=result.states_pruned_by_time,
+            rounds=result.rounds,
+            time_upper_bound=result.time_upper_bound,
+            seconds=seconds,
+        ),
+    )
+
+
+def _infeasible_message(objective: str, budget: int, persistent: int, min_budget: int) -> str:
+    message = (
+        f"no plan fits budget={budget} bytes with persistent={persistent} bytes "
+        f"(objective={objective!r}): the smallest budget with a plan is {min_budget} bytes. "
+        f"Raise the budget to at least {min_budget}, lower the persistent memory"
+    )
+    if objective == "eager_whole":
+        return (
+            message
+            + ", or plan with objective='joint', which may also use journal, readset and guard options."
+        )
+    if objective == "state_agnostic":
+        return (
+            message + " (this objective does not charge preserved bytes, so real peaks are higher)."
+        )
+    return (
+        message
+        + ", or offer leaner options (journal, readset, guard) for the segments that retain the most."
+    )
