@@ -31,7 +31,9 @@ def _extension():
     cxx = ["-std=c++17", "-O0" if debug else "-O3", "-fvisibility=hidden"]
     if debug:
         cxx += ["-g", "-DTORCH_REPLAY_DEBUG"]
-    sources = _sources("csrc/core/*.cpp") + _sources("csrc/aten/*.cpp") + _sources("csrc/python/*.cpp")
+    sources = (
+        _sources("csrc/core/*.cpp") + _sources("csrc/aten/*.cpp") + _sources("csrc/python/*.cpp")
+    )
     include_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, "cuda")]
     with_cuda = (
         torch.version.cuda is not None

@@ -84,8 +84,8 @@ class HostDevice final : public ByteDevice {
     gather_ranges(base, flat.data(), flat.size() / 2, blob->data());
     return blob;
   }
-  void scatter(uint8_t* base, const RangeSet& ranges, const Blob& blob)
-      override {
+  void scatter(
+      uint8_t* base, const RangeSet& ranges, const Blob& blob) override {
     const auto& host = dynamic_cast<const HostBlob&>(blob);
     auto flat = flatten(ranges);
     scatter_ranges(base, flat.data(), flat.size() / 2, host.data());

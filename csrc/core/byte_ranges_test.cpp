@@ -66,8 +66,10 @@ TEST(RangeSetTest, SetAlgebraMatchesBruteForce) {
     u.add(b);
     EXPECT_EQ(to_set(u), uni);
     EXPECT_EQ(a.overlaps(b), !inter.empty());
-    EXPECT_EQ(a.contains(b), diff.size() == a_bits.size() - inter.size() &&
-                                 inter.size() == b_bits.size());
+    EXPECT_EQ(
+        a.contains(b),
+        diff.size() == a_bits.size() - inter.size() &&
+            inter.size() == b_bits.size());
     EXPECT_EQ(u.bytes(), static_cast<int64_t>(uni.size()));
   }
 }
@@ -102,7 +104,8 @@ TEST(StridedFootprintTest, MatchesElementEnumeration) {
       }
     }
     bool exact = false;
-    RangeSet got = strided_footprint(offset, sizes, strides, itemsize, 1 << 16, &exact);
+    RangeSet got =
+        strided_footprint(offset, sizes, strides, itemsize, 1 << 16, &exact);
     EXPECT_TRUE(exact);
     EXPECT_EQ(to_set(got), expect);
   }

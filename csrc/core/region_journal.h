@@ -35,7 +35,8 @@ class RegionJournal {
   // is about to overwrite. Returns the entry's sequence number. Entries are
   // recorded only while some position is pinned (otherwise nobody can need
   // them) and -1 is returned.
-  int64_t record(StorageKey key, const StorageRef& storage, const RangeSet& ranges);
+  int64_t record(
+      StorageKey key, const StorageRef& storage, const RangeSet& ranges);
 
   // Pins the current end of the log and returns it.
   int64_t pin();

@@ -60,8 +60,10 @@ TEST(RegionJournalTest, UndoRedoRoundTripsOnRandomWriteSequences) {
   for (int trial = 0; trial < 300; ++trial) {
     RegionJournal journal;
     Memory m;
-    for (auto& x : m.a) x = static_cast<uint8_t>(rng());
-    for (auto& x : m.b) x = static_cast<uint8_t>(rng());
+    for (auto& x : m.a)
+      x = static_cast<uint8_t>(rng());
+    for (auto& x : m.b)
+      x = static_cast<uint8_t>(rng());
     std::vector<int64_t> pins;
     std::vector<Memory> versions;
     int segments = 1 + trial % 6;
@@ -89,7 +91,8 @@ TEST(RegionJournalTest, UndoRedoRoundTripsOnRandomWriteSequences) {
       ASSERT_EQ(m.a, live.a);
       ASSERT_EQ(m.b, live.b);
     }
-    for (auto p : pins) journal.unpin(p);
+    for (auto p : pins)
+      journal.unpin(p);
     EXPECT_EQ(journal.entries(), 0);
     EXPECT_EQ(journal.bytes(), 0);
   }
@@ -105,7 +108,8 @@ TEST(RegionJournalTest, UndoRedoRoundTripsOnRandomWriteSequences) {
 TEST(RegionJournalTest, EarlierSegmentKeepsLaterSegmentsWrites) {
   RegionJournal journal;
   Memory m;
-  for (size_t i = 0; i < m.a.size(); ++i) m.a[i] = static_cast<uint8_t>(i);
+  for (size_t i = 0; i < m.a.size(); ++i)
+    m.a[i] = static_cast<uint8_t>(i);
   const auto original = m.a;
   int64_t p0 = journal.pin();
   int64_t p1 = journal.pin();
@@ -166,8 +170,10 @@ TEST(RegionStoreTest, FirstSaveWinsOnOverlap) {
   EXPECT_EQ(fresh.bytes(), 10);  // only [10, 20) was new
   std::fill(m.a.begin(), m.a.end(), 3);
   store.restore(1, m.ref(1));
-  for (int i = 0; i < 10; ++i) EXPECT_EQ(m.a[i], 1) << i;
-  for (int i = 10; i < 20; ++i) EXPECT_EQ(m.a[i], 2) << i;
+  for (int i = 0; i < 10; ++i)
+    EXPECT_EQ(m.a[i], 1) << i;
+  for (int i = 10; i < 20; ++i)
+    EXPECT_EQ(m.a[i], 2) << i;
   EXPECT_EQ(m.a[20], 3);
   EXPECT_EQ(store.bytes(), 20);
 }

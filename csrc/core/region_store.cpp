@@ -12,9 +12,8 @@ const RangeSet& empty_ranges() {
 }
 
 void check_inside(const StorageRef& storage, const RangeSet& ranges) {
-  if (!ranges.empty() &&
-      (ranges.ranges().front().begin < 0 ||
-       ranges.ranges().back().end > storage.nbytes)) {
+  if (!ranges.empty() && (ranges.ranges().front().begin < 0 ||
+                          ranges.ranges().back().end > storage.nbytes)) {
     throw ReplayException(
         ErrorKind::kInternal, "byte range outside its storage");
   }

@@ -42,7 +42,8 @@ class RegionStore {
   // Saves the bytes of `ranges` of storage `key` that are not saved yet and
   // returns the ranges newly saved. Precondition: ranges lie inside
   // [0, storage.nbytes).
-  RangeSet save(StorageKey key, const StorageRef& storage, const RangeSet& ranges);
+  RangeSet save(
+      StorageKey key, const StorageRef& storage, const RangeSet& ranges);
 
   // Writes every saved byte of `key` back. No-op for an unknown key.
   void restore(StorageKey key, const StorageRef& storage) const;

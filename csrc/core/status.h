@@ -11,19 +11,20 @@
 namespace torch_replay {
 
 enum class ErrorKind {
-  kInvalidArgument,   // bad input from the caller -> ValueError
-  kStateMutation,     // -> StateMutationError
-  kRngMismatch,       // -> RngMismatchError
-  kUnsupported,       // -> UnsupportedReplayError
-  kOverlap,           // -> OverlapError
-  kInternal,          // a broken invariant -> RuntimeError
+  kInvalidArgument,  // bad input from the caller -> ValueError
+  kStateMutation,    // -> StateMutationError
+  kRngMismatch,      // -> RngMismatchError
+  kUnsupported,      // -> UnsupportedReplayError
+  kOverlap,          // -> OverlapError
+  kInternal,         // a broken invariant -> RuntimeError
 };
 
 class ReplayException : public std::runtime_error {
  public:
   // `subject` identifies the storage the error is about (an opaque key the
   // adapter can turn into a name), or 0 when there is none.
-  ReplayException(ErrorKind kind, const std::string& message, uintptr_t subject = 0)
+  ReplayException(
+      ErrorKind kind, const std::string& message, uintptr_t subject = 0)
       : std::runtime_error(message), kind_(kind), subject_(subject) {}
 
   ErrorKind kind() const {

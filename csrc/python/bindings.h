@@ -29,8 +29,8 @@ struct BinderRegistration {
 
 }  // namespace torch_replay::python
 
-#define TORCH_REPLAY_BINDINGS(name)                                  \
-  static void torch_replay_bind_##name(pybind11::module_& m);        \
-  static ::torch_replay::python::BinderRegistration                  \
-      torch_replay_binder_##name(#name, &torch_replay_bind_##name);  \
+#define TORCH_REPLAY_BINDINGS(name)                                 \
+  static void torch_replay_bind_##name(pybind11::module_& m);       \
+  static ::torch_replay::python::BinderRegistration                 \
+      torch_replay_binder_##name(#name, &torch_replay_bind_##name); \
   static void torch_replay_bind_##name(pybind11::module_& m)

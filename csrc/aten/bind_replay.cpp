@@ -1,0 +1,121 @@
+// Python bindings of the replay machinery: Transaction, the reentrant segment
+// Function, and the translation of core errors into torch_replay.errors.
+#include <torch/extension.h>
+
+#include "aten/segment_function.h"
+#include "aten/transaction.h"
+#include "core/region_journal.h"
+#include "core/status.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace torch_replay::aten {
+namespace {
+
+const char* python_error_class(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::kStateMutation:
+      return "StateMutationError";
+    case ErrorKind::kRngMismatch:
+      return "RngMismatchError";
+    case ErrorKind::kUnsupported:
+      return "UnsupportedReplayError";
+    case ErrorKind::kOverlap:
+      return "OverlapError";
+    default:
+      return nullptr;
+  }
+}
+
+void translate(const ReplayException& e) {
+  const char* cls_name = python_error_class(e.kind());
+  if (cls_name == nullptr) {
+    PyErr_SetString(
+        e.kind() == ErrorKind::kInvalidArgument ? PyExc_ValueError
+                                                : PyExc_RuntimeError,
+        e.what());
+    return;
+  }
+  py::object cls = py::module_::import("torch_replay.errors").attr(cls_name);
+  py::object err = cls(e.what());
+  err.attr("storage_key") = py::int_(static_cast<uint64_t>(e.subject()));
+  PyErr_SetObject(cls.ptr(), err.ptr());
+}
+
+}  // namespace
+}  // namespace torch_replay::aten
+
+TORCH_REPLAY_BINDINGS(replay) {
+  using namespace torch_replay;
+  using namespace torch_replay::aten;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) {
+        std::rethrow_exception(p);
+      }
+    } catch (const ReplayException& e) {
+      translate(e);
+    }
+  });
+
+  py::class_<Transaction>(m, "Transaction")
+      .def(
+          py::init([](const std::string& engine,
+                      std::vector<at::Tensor> tensors,
+                      std::vector<std::string> tensor_names,
+                      std::vector<at::Generator> generators,
+                      std::vector<std::string> generator_names,
+                      bool preserve_rng_state,
+                      bool watch_reads) {
+            TransactionOptions options;
+            options.engine = engine;
+            options.preserve_rng_state = preserve_rng_state;
+            options.watch_reads = watch_reads;
+            return std::make_unique<Transaction>(
+                options,
+                std::move(tensors),
+                std::move(tensor_names),
+                std::move(generators),
+                std::move(generator_names));
+          }),
+          py::arg("engine"),
+          py::arg("tensors"),
+          py::arg("tensor_names"),
+          py::arg("generators"),
+          py::arg("generator_names"),
+          py::arg("preserve_rng_state"),
+          py::arg("watch_reads"))
+      .def("begin_forward", &Transaction::begin_forward)
+      .def("before_op", &Transaction::before_op)
+      .def("after_op", &Transaction::after_op)
+      .def("record_saved", &Transaction::record_saved)
+      .def("end_forward", &Transaction::end_forward)
+      .def("abort_forward", &Transaction::abort_forward)
+      .def("check_unchanged", &Transaction::check_unchanged)
+      .def("begin_replay", &Transaction::begin_replay)
+      .def("restores", &Transaction::restores)
+      .def("verify_replay", &Transaction::verify_replay)
+      .def("finish_replay", &Transaction::finish_replay)
+      .def_property_readonly("in_replay", &Transaction::in_replay)
+      .def_property_readonly("stateful", &Transaction::stateful)
+      .def_property_readonly("engine", &Transaction::engine)
+      .def_property_readonly("retained_bytes", &Transaction::retained_bytes)
+      .def_property_readonly(
+          "replay_transient_bytes", &Transaction::replay_transient_bytes)
+      .def_property_readonly("footprint_bytes", &Transaction::footprint_bytes)
+      .def_property_readonly("written_bytes", &Transaction::written_bytes)
+      .def_property_readonly("declared_bytes", &Transaction::declared_bytes)
+      .def_property_readonly(
+          "tracked_generators", &Transaction::tracked_generators);
+
+  m.def(
+      "apply_segment",
+      &apply_segment,
+      "Run a segment through the C++ autograd Function (use_reentrant=True)");
+  m.def("storage_key", [](const at::Tensor& t) {
+    return static_cast<uint64_t>(storage_key(t));
+  });
+  m.def("journal_bytes", [] { return RegionJournal::global().bytes(); });
+  m.def("journal_entries", [] { return RegionJournal::global().entries(); });
+}

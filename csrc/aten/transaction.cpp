@@ -1,0 +1,829 @@
+#include "aten/transaction.h"
+
+#include <ATen/Context.h>
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+
+#include "aten/byte_devices.h"
+#include "core/status.h"
+
+namespace torch_replay::aten {
+
+namespace {
+
+// Footprints with more runs than this are over-approximated by their
+// bounding range (Note [Byte devices] users then save a little more).
+constexpr int64_t kMaxRuns = 1 << 16;
+
+using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
+
+// Storages that some journal-engine segment declared: every write to them
+// inside any segment is journaled (Note [Region journal]).
+struct JournalRegistry {
+  std::mutex mutex;
+  std::map<StorageKey, WeakStorage> storages;
+};
+JournalRegistry& journal_registry() {
+  static JournalRegistry registry;
+  return registry;
+}
+
+bool journaled(StorageKey key) {
+  auto& reg = journal_registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto it = reg.storages.find(key);
+  if (it == reg.storages.end()) {
+    return false;
+  }
+  if (it->second.expired()) {
+    reg.storages.erase(it);
+    return false;
+  }
+  return true;
+}
+
+StorageRef ref_of(const c10::Storage& storage) {
+  return {
+      static_cast<uint8_t*>(storage.mutable_data()),
+      static_cast<int64_t>(storage.nbytes()),
+      &byte_device_for(storage.device())};
+}
+
+StorageRef resolve_weak(const WeakStorage& weak) {
+  auto strong = weak.lock();
+  if (!strong) {
+    return {};
+  }
+  c10::Storage storage(std::move(strong));
+  return ref_of(storage);
+}
+
+Resolver journal_resolver() {
+  return [](StorageKey key) -> StorageRef {
+    auto& reg = journal_registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    auto it = reg.storages.find(key);
+    return it == reg.storages.end() ? StorageRef{} : resolve_weak(it->second);
+  };
+}
+
+RangeSet whole(const c10::Storage& storage) {
+  RangeSet r;
+  r.add(0, static_cast<int64_t>(storage.nbytes()));
+  return r;
+}
+
+bool observable(const at::Tensor& t) {
+  return t.defined() && t.layout() == at::kStrided && t.has_storage() &&
+         !t.is_meta() && t.storage().data() != nullptr;
+}
+
+RangeSet footprint_of(const at::Tensor& t, bool* exact = nullptr) {
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
+  return strided_footprint(
+      t.storage_offset(), sizes, strides, t.element_size(), kMaxRuns, exact);
+}
+
+bool same_view(const at::Tensor& a, const at::Tensor& b) {
+  return a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
+std::string describe(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.scalar_type() << t.sizes() << " on " << t.device();
+  return os.str();
+}
+
+int64_t version_of(c10::TensorImpl* impl) {
+  return static_cast<int64_t>(impl->version_counter().current_version());
+}
+
+void set_version_of(c10::TensorImpl* impl, int64_t version) {
+  c10::VariableVersion counter = impl->version_counter();
+  if (counter.enabled() &&
+      static_cast<int64_t>(counter.current_version()) != version) {
+    counter.set_version(version);
+  }
+}
+
+}  // namespace
+
+Engine parse_engine(const std::string& name) {
+  if (name == "auto")
+    return Engine::kAuto;
+  if (name == "snapshot")
+    return Engine::kSnapshot;
+  if (name == "journal")
+    return Engine::kJournal;
+  if (name == "readset")
+    return Engine::kReadset;
+  if (name == "guard")
+    return Engine::kGuard;
+  throw ReplayException(
+      ErrorKind::kInvalidArgument,
+      "engine must be one of 'auto', 'snapshot', 'journal', 'readset', "
+      "'guard'; got '" +
+          name + "'");
+}
+
+std::string engine_name(Engine engine) {
+  switch (engine) {
+    case Engine::kAuto:
+      return "auto";
+    case Engine::kSnapshot:
+      return "snapshot";
+    case Engine::kJournal:
+      return "journal";
+    case Engine::kReadset:
+      return "readset";
+    case Engine::kGuard:
+      return "guard";
+  }
+  return "?";
+}
+
+StorageKey storage_key(const at::Tensor& t) {
+  return reinterpret_cast<StorageKey>(t.storage().unsafeGetStorageImpl());
+}
+
+Transaction::Transaction(
+    TransactionOptions options,
+    std::vector<at::Tensor> tensors,
+    std::vector<std::string> tensor_names,
+    std::vector<at::Generator> generators,
+    std::vector<std::string> generator_names)
+    : options_(std::move(options)), engine_(parse_engine(options_.engine)) {
+  TORCH_CHECK(
+      tensors.size() == tensor_names.size() &&
+          generators.size() == generator_names.size(),
+      "Transaction: names must match the state");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!observable(t)) {
+      throw ReplayException(
+          ErrorKind::kInvalidArgument,
+          "state entry '" + tensor_names[i] +
+              "' is not a dense tensor with storage; declare only strided "
+              "CPU or CUDA tensors");
+    }
+    byte_device_for(t.device());  // refuses unsupported devices early
+    auto& d = declared_[storage_key(t)];
+    if (!d.storage) {
+      d.storage = t.storage();
+      d.name = tensor_names[i];
+    }
+    d.tensors.push_back(t);
+  }
+  for (size_t i = 0; i < generators.size(); ++i) {
+    declared_generators_.emplace_back(generators[i], generator_names[i]);
+  }
+}
+
+Transaction::~Transaction() {
+  try {
+    release();
+  } catch (...) {
+  }
+}
+
+StorageRef Transaction::resolve(StorageKey key) const {
+  auto d = declared_.find(key);
+  if (d != declared_.end()) {
+    return ref_of(d->second.storage);
+  }
+  auto e = written_external_.find(key);
+  if (e != written_external_.end()) {
+    return resolve_weak(e->second.storage);
+  }
+  return journal_resolver()(key);
+}
+
+Resolver Transaction::resolver() const {
+  return [this](StorageKey key) { return resolve(key); };
+}
+
+void Transaction::fail(int kind, const std::string& msg, StorageKey key) const {
+  throw ReplayException(static_cast<ErrorKind>(kind), msg, key);
+}
+
+// ---------------------------------------------------------------- forward
+
+void Transaction::begin_forward(
+    const std::vector<at::Tensor>& inputs,
+    const std::vector<c10::Device>& rng_devices) {
+  TORCH_INTERNAL_ASSERT(phase_ == Phase::kIdle, "begin_forward twice");
+  for (const auto& t : inputs) {
+    if (observable(t)) {
+      external_.insert(storage_key(t));
+    }
+  }
+  for (const auto& [key, d] : declared_) {
+    external_.insert(key);
+  }
+  for (const auto& [gen, name] : declared_generators_) {
+    generators_.track(gen, name);
+  }
+  if (options_.preserve_rng_state) {
+    generators_.track(
+        at::detail::getDefaultCPUGenerator(), "the default CPU generator");
+    for (const auto& device : rng_devices) {
+      track_default_generator(device);
+    }
+  }
+  if (engine_ == Engine::kSnapshot) {
+    for (const auto& [key, d] : declared_) {
+      snapshot_.save(key, ref_of(d.storage), whole(d.storage));
+    }
+  }
+  if (engine_ == Engine::kJournal) {
+    journal_pin_ = RegionJournal::global().pin();
+    auto& reg = journal_registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    for (const auto& [key, d] : declared_) {
+      reg.storages.insert_or_assign(key, d.storage.getWeakStorageImpl());
+    }
+  }
+  phase_ = Phase::kForward;
+}
+
+void Transaction::track_default_generator(const c10::Device& device) {
+  if (device.is_cpu()) {
+    generators_.track(
+        at::detail::getDefaultCPUGenerator(), "the default CPU generator");
+    return;
+  }
+  const auto& gen = at::globalContext().defaultGenerator(device);
+  generators_.track(gen, "the default generator of " + device.str());
+}
+
+void Transaction::before_op(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    bool random,
+    const std::optional<at::Generator>& generator) {
+  TORCH_INTERNAL_ASSERT(tensors.size() == writes.size());
+  const bool replay = phase_ == Phase::kReplay;
+  TORCH_INTERNAL_ASSERT(replay || phase_ == Phase::kForward);
+
+  // Keys, devices, and grad taint of the reads.
+  std::vector<StorageKey> keys(tensors.size(), 0);
+  bool tainted_read = false;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& t = tensors[i];
+    if (!observable(t)) {
+      continue;
+    }
+    keys[i] = storage_key(t);
+    if (!replay) {
+      if (std::find(devices_seen_.begin(), devices_seen_.end(), t.device()) ==
+          devices_seen_.end()) {
+        devices_seen_.push_back(t.device());
+      }
+      if (!internal_.count(keys[i])) {
+        external_.insert(keys[i]);
+      }
+      if (!writes[i] && at::isFloatingType(t.scalar_type())) {
+        auto it = grad_tainted_.find(t.unsafeGetTensorImpl());
+        tainted_read |= t.requires_grad() ||
+                        (it != grad_tainted_.end() && !it->second.expired());
+      }
+    }
+  }
+
+  last_op_tainted_ = tainted_read;
+
+  // Refuse raw overlapping writes and float gradients through integer writes
+  // before anything is written.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!writes[i] || keys[i] == 0) {
+      continue;
+    }
+    const at::Tensor& w = tensors[i];
+    if (!replay && tainted_read && !at::isFloatingType(w.scalar_type()) &&
+        !at::isComplexType(w.scalar_type())) {
+      fail(
+          static_cast<int>(ErrorKind::kUnsupported),
+          "the segment writes a value that requires a float gradient into an "
+          "integer tensor (" +
+              describe(w) +
+              "): no gradient can flow through an integer write. Detach the "
+              "value before the write, or keep that tensor floating point.",
+          keys[i]);
+    }
+    bool exact_w = true;
+    RangeSet fw;
+    bool have_fw = false;
+    for (size_t j = 0; j < tensors.size(); ++j) {
+      if (j == i || keys[j] != keys[i] || same_view(w, tensors[j])) {
+        continue;
+      }
+      if (!have_fw) {
+        fw = footprint_of(w, &exact_w);
+        have_fw = true;
+      }
+      bool exact_r = true;
+      RangeSet fr = footprint_of(tensors[j], &exact_r);
+      if (exact_w && exact_r && fw.overlaps(fr)) {
+        fail(
+            static_cast<int>(ErrorKind::kOverlap),
+            "an operation writes " + describe(w) +
+                " while reading an overlapping but different view of the same "
+                "memory: the result would depend on the order of element "
+                "updates. Clone the source first (e.g. x[1:].copy_(x[:-1]."
+                "clone())).",
+            keys[i]);
+      }
+    }
+  }
+
+  // Generators.
+  if (!replay && (random || generator.has_value())) {
+    if (generator.has_value()) {
+      if (options_.preserve_rng_state && !generators_.tracks(*generator)) {
+        generators_.track(
+            *generator,
+            "an explicit generator on " + generator->device().str() +
+                " passed as generator=");
+      }
+    } else if (options_.preserve_rng_state) {
+      c10::Device device(c10::kCPU);
+      for (const auto& t : tensors) {
+        if (t.defined()) {
+          device = t.device();
+          break;
+        }
+      }
+      track_default_generator(device);
+    }
+  }
+
+  // State accesses.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (keys[i] == 0) {
+      continue;
+    }
+    const StorageKey key = keys[i];
+    const bool interesting =
+        replay ? !replay_internal_.count(key)
+               : (declared_.count(key) || !internal_.count(key));
+    if (!interesting) {
+      continue;
+    }
+    RangeSet fp = footprint_of(tensors[i]);
+    if (replay) {
+      replay_access(tensors[i], key, fp, writes[i]);
+    } else {
+      forward_access(tensors[i], key, fp, writes[i]);
+    }
+  }
+}
+
+void Transaction::forward_access(
+    const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write) {
+  auto d = declared_.find(key);
+  if (d != declared_.end()) {
+    const StorageRef ref = ref_of(d->second.storage);
+    footprint_[key].add(fp);
+    switch (engine_) {
+      case Engine::kSnapshot:
+        break;
+      case Engine::kAuto:
+      case Engine::kReadset:
+        first_touch_.save(key, ref, fp);
+        break;
+      case Engine::kJournal:
+        start_hashes_.add(key, ref, fp);
+        break;
+      case Engine::kGuard:
+        start_hashes_.add(key, ref, fp);
+        if (write) {
+          first_touch_.save(key, ref, fp);  // only to roll back on abort
+        }
+        break;
+    }
+    if (write) {
+      writes_[key].add(fp);
+      if (journaled(key)) {
+        RegionJournal::global().record(key, ref, fp);
+      }
+    }
+    return;
+  }
+  // A storage that existed before the segment.
+  if (write) {
+    auto ext = written_external_.find(key);
+    if (ext == written_external_.end() || ext->second.storage.expired()) {
+      written_external_.insert_or_assign(
+          key, External{t.storage().getWeakStorageImpl()});
+    }
+    const StorageRef ref = ref_of(t.storage());
+    implicit_.save(key, ref, fp);
+    footprint_[key].add(fp);
+    writes_[key].add(fp);
+    if (journaled(key)) {
+      RegionJournal::global().record(key, ref, fp);
+    }
+  } else if (options_.watch_reads) {
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (!reads_.count(impl)) {
+      reads_.emplace(
+          impl,
+          Watched{
+              c10::
+                  weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                      t.getIntrusivePtr()),
+              version_of(impl),
+              key});
+    }
+  }
+}
+
+void Transaction::after_op(
+    const std::vector<at::Tensor>& outputs, bool differentiable) {
+  const bool replay = phase_ == Phase::kReplay;
+  for (const auto& t : outputs) {
+    if (!observable(t)) {
+      continue;
+    }
+    const StorageKey key = storage_key(t);
+    if (replay) {
+      if (!footprint_.count(key) && !declared_.count(key) &&
+          !live_.saved(key).bytes() && !external_.count(key)) {
+        replay_internal_.insert(key);
+      }
+      continue;
+    }
+    if (!external_.count(key)) {
+      internal_.insert(key);
+    }
+    if (last_op_tainted_ && differentiable &&
+        (at::isFloatingType(t.scalar_type()) ||
+         at::isComplexType(t.scalar_type()))) {
+      grad_tainted_.insert_or_assign(
+          t.unsafeGetTensorImpl(),
+          c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+              t.getIntrusivePtr()));
+    }
+  }
+}
+
+void Transaction::record_saved(const at::Tensor& t) {
+  if (!observable(t) || declared_.count(storage_key(t))) {
+    return;
+  }
+  saved_.push_back(
+      Watched{
+          c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+              t.getIntrusivePtr()),
+          version_of(t.unsafeGetTensorImpl()),
+          storage_key(t)});
+}
+
+void Transaction::end_forward() {
+  TORCH_INTERNAL_ASSERT(phase_ == Phase::kForward, "end_forward out of order");
+  // A declared generator must live on a device the segment used.
+  for (const auto& [gen, name] : declared_generators_) {
+    const auto device = gen.device();
+    bool used = std::any_of(
+        devices_seen_.begin(), devices_seen_.end(), [&](const c10::Device& d) {
+          return d.type() == device.type() &&
+                 (!device.has_index() || !d.has_index() ||
+                  d.index() == device.index());
+        });
+    if (!used && !devices_seen_.empty()) {
+      abort_forward();
+      fail(
+          static_cast<int>(ErrorKind::kInvalidArgument),
+          "state declares " + name + " on " + device.str() +
+              ", a device the segment never used; declare the generator the "
+              "segment draws from (or remove it from state)",
+          0);
+    }
+  }
+  if (engine_ == Engine::kGuard) {
+    for (const auto& [key, ranges] : writes_) {
+      if (declared_.count(key)) {
+        const std::string name = declared_.at(key).name;
+        abort_forward();
+        fail(
+            static_cast<int>(ErrorKind::kStateMutation),
+            "engine='guard' keeps nothing, but the segment writes declared "
+            "state '" +
+                name + "'; use engine='journal', 'readset' or 'snapshot'",
+            key);
+      }
+    }
+    first_touch_.clear();
+  }
+  if (engine_ == Engine::kAuto) {
+    int64_t touched = 0;
+    for (const auto& [key, d] : declared_) {
+      auto it = footprint_.find(key);
+      touched += it == footprint_.end() ? 0 : it->second.bytes();
+    }
+    engine_ = touched == 0                  ? Engine::kGuard
+              : touched == declared_bytes() ? Engine::kSnapshot
+                                            : Engine::kReadset;
+    if (engine_ == Engine::kSnapshot) {
+      // The first-touch bytes are the whole declared state: keep them as the
+      // snapshot (same bytes, no second copy).
+      std::swap(snapshot_, first_touch_);
+    }
+  }
+  if (engine_ == Engine::kJournal) {
+    first_touch_.clear();
+  }
+  generators_.record_end();
+  for (const auto& [key, ranges] : footprint_) {
+    end_hashes_.add(key, resolve(key), ranges);
+  }
+  for (auto& [impl, w] : reads_) {
+    if (auto strong = w.impl.lock()) {
+      w.version = version_of(strong.get());
+    }
+  }
+  phase_ = Phase::kForwardDone;
+}
+
+void Transaction::rollback() {
+  const Resolver r = resolver();
+  if (journal_pin_ >= 0) {
+    RegionJournal::global().undo_to(journal_pin_, journal_resolver());
+  }
+  snapshot_.restore_all(r);
+  first_touch_.restore_all(r);
+  implicit_.restore_all(r);
+  generators_.set_start();
+}
+
+void Transaction::abort_forward() {
+  if (phase_ != Phase::kForward && phase_ != Phase::kForwardDone) {
+    return;
+  }
+  rollback();
+  release();
+}
+
+// ----------------------------------------------------------------- replay
+
+void Transaction::check_unchanged() const {
+  auto check = [this](const Watched& w, const char* what) {
+    auto strong = w.impl.lock();
+    if (strong && version_of(strong.get()) != w.version) {
+      std::ostringstream os;
+      os << "a tensor the checkpointed segment " << what
+         << " was modified in place after the forward (version " << w.version
+         << " -> " << version_of(strong.get())
+         << "), so the re-run would compute different values. Declare it in "
+            "state= so its forward value is preserved, or do not modify it "
+            "before backward.";
+      fail(static_cast<int>(ErrorKind::kStateMutation), os.str(), w.key);
+    }
+  };
+  for (const auto& w : saved_) {
+    check(w, "saved for backward");
+  }
+  for (const auto& [impl, w] : reads_) {
+    check(w, "read");
+  }
+}
+
+void Transaction::begin_replay() {
+  TORCH_INTERNAL_ASSERT(
+      phase_ == Phase::kForwardDone, "replay of a segment without forward");
+  check_unchanged();
+  live_.clear();
+  replay_internal_.clear();
+  replay_versions_.clear();
+  replay_versioned_.clear();
+  const Resolver r = resolver();
+  // 1. Save the live bytes of everything the restore below rewrites.
+  switch (engine_) {
+    case Engine::kSnapshot:
+      for (const auto& [key, d] : declared_) {
+        live_.save(key, ref_of(d.storage), whole(d.storage));
+      }
+      break;
+    case Engine::kReadset:
+    case Engine::kAuto:
+      for (StorageKey key : first_touch_.keys()) {
+        live_.save(key, r(key), first_touch_.saved(key));
+      }
+      break;
+    case Engine::kJournal:
+      for (const auto& [key, ranges] :
+           RegionJournal::global().touched_since(journal_pin_)) {
+        StorageRef ref = journal_resolver()(key);
+        if (ref.base != nullptr) {
+          live_.save(key, ref, ranges);
+        }
+      }
+      break;
+    case Engine::kGuard:
+      break;
+  }
+  for (StorageKey key : implicit_.keys()) {
+    live_.save(key, r(key), implicit_.saved(key));
+  }
+  for (auto& [key, d] : declared_) {
+    for (const auto& t : d.tensors) {
+      c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      if (replay_versioned_.insert(impl).second) {
+        replay_versions_.emplace_back(
+            c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+                t.getIntrusivePtr()),
+            version_of(impl));
+      }
+    }
+  }
+  generators_.save_live();
+  replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
+  // 2. Put B0 back, proving it where the engine kept only hashes.
+  try {
+    if (engine_ == Engine::kJournal) {
+      RegionJournal::global().undo_to(journal_pin_, journal_resolver());
+    }
+    if (engine_ == Engine::kJournal || engine_ == Engine::kGuard) {
+      StorageKey bad = start_hashes_.first_mismatch(r);
+      if (bad != 0) {
+        fail(
+            static_cast<int>(ErrorKind::kStateMutation),
+            "declared state '" + name_of(bad) + "' was modified after the " +
+                "forward by a write that engine='" + engine() +
+                "' cannot undo (" +
+                (engine_ == Engine::kGuard
+                     ? "the guard engine keeps nothing"
+                     : "a write outside any torch_replay segment is not "
+                       "journaled") +
+                "); use engine='readset' or 'snapshot' for this segment",
+            bad);
+      }
+    }
+    snapshot_.restore_all(r);
+    first_touch_.restore_all(r);
+    implicit_.restore_all(r);
+    generators_.set_start();
+  } catch (...) {
+    live_.restore_all(r);
+    generators_.restore_live();
+    live_.clear();
+    throw;
+  }
+  phase_ = Phase::kReplay;
+}
+
+void Transaction::replay_access(
+    const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write) {
+  const bool declared = declared_.count(key) > 0;
+  auto fpit = footprint_.find(key);
+  const bool known = declared || fpit != footprint_.end();
+  if (write) {
+    if (!known && !external_.count(key)) {
+      return;  // a storage the replay made itself
+    }
+    if (!known) {
+      fail(
+          static_cast<int>(ErrorKind::kStateMutation),
+          "the re-run writes " + describe(t) +
+              ", a tensor the forward did not write: the segment is not "
+              "deterministic in the state it touches. Declare that state in "
+              "state= or make the segment deterministic.",
+          key);
+    }
+    StorageRef ref = resolve(key);
+    live_.save(key, ref, fp);
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (replay_versioned_.insert(impl).second) {
+      replay_versions_.emplace_back(
+          c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+              t.getIntrusivePtr()),
+          version_of(impl));
+    }
+  }
+  if (declared && engine_ != Engine::kSnapshot &&
+      (fpit == footprint_.end() || !fpit->second.contains(fp))) {
+    fail(
+        static_cast<int>(ErrorKind::kStateMutation),
+        "the re-run touches bytes of declared state '" + name_of(key) +
+            "' that the forward did not touch, so they are not preserved by "
+            "engine='" +
+            engine() +
+            "': the segment's control flow depends on state that changed. "
+            "Use engine='snapshot' or declare the state it depends on.",
+        key);
+  }
+}
+
+bool Transaction::restores(const at::Tensor& t) const {
+  return observable(t) && live_.saved(storage_key(t)).bytes() > 0;
+}
+
+void Transaction::verify_replay() {
+  TORCH_INTERNAL_ASSERT(phase_ == Phase::kReplay);
+  StorageKey bad = end_hashes_.first_mismatch(resolver());
+  if (bad != 0) {
+    std::string name = name_of(bad);
+    fail(
+        static_cast<int>(ErrorKind::kStateMutation),
+        "the re-run did not reproduce the forward's end state of " +
+            (name.empty() ? std::string("a tensor it writes")
+                          : "'" + name + "'") +
+            " (P(B0,R0) != (B_T,R_T) on storage bytes): the segment depends "
+            "on state that changed and is not declared, or is not "
+            "deterministic. Declare that state in state=.",
+        bad);
+  }
+  if (auto gen = generators_.end_mismatch()) {
+    fail(
+        static_cast<int>(ErrorKind::kRngMismatch),
+        "the re-run left " + *gen +
+            " at a different position than the forward did: it drew a "
+            "different number of random values, so every later draw would "
+            "diverge. Declare the state that decides how much it draws.",
+        0);
+  }
+}
+
+void Transaction::finish_replay() {
+  if (phase_ != Phase::kReplay) {
+    return;
+  }
+  live_.restore_all(resolver());
+  generators_.restore_live();
+  for (auto it = replay_versions_.rbegin(); it != replay_versions_.rend();
+       ++it) {
+    if (auto strong = it->first.lock()) {
+      set_version_of(strong.get(), it->second);
+    }
+  }
+  replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
+  live_.clear();
+  replay_versions_.clear();
+  replay_versioned_.clear();
+  replay_internal_.clear();
+  phase_ = Phase::kForwardDone;
+}
+
+void Transaction::release() {
+  if (phase_ == Phase::kReleased) {
+    return;
+  }
+  if (journal_pin_ >= 0) {
+    RegionJournal::global().unpin(journal_pin_);
+    journal_pin_ = -1;
+  }
+  snapshot_.clear();
+  first_touch_.clear();
+  implicit_.clear();
+  live_.clear();
+  phase_ = Phase::kReleased;
+}
+
+// ---------------------------------------------------------- introspection
+
+int64_t Transaction::retained_bytes() const {
+  int64_t total = snapshot_.bytes() + first_touch_.bytes() + implicit_.bytes();
+  if (journal_pin_ >= 0) {
+    total += RegionJournal::global().bytes_since(journal_pin_);
+  }
+  return total;
+}
+
+bool Transaction::stateful() const {
+  return !footprint_.empty() || generators_.moved();
+}
+
+int64_t Transaction::footprint_bytes() const {
+  int64_t total = 0;
+  for (const auto& [key, r] : footprint_) {
+    total += declared_.count(key) ? r.bytes() : 0;
+  }
+  return total;
+}
+
+int64_t Transaction::written_bytes() const {
+  int64_t total = 0;
+  for (const auto& [key, r] : writes_) {
+    total += declared_.count(key) ? r.bytes() : 0;
+  }
+  return total;
+}
+
+int64_t Transaction::declared_bytes() const {
+  int64_t total = 0;
+  for (const auto& [key, d] : declared_) {
+    total += static_cast<int64_t>(d.storage.nbytes());
+  }
+  return total;
+}
+
+std::string Transaction::name_of(StorageKey key) const {
+  auto it = declared_.find(key);
+  return it == declared_.end() ? std::string() : it->second.name;
+}
+
+}  // namespace torch_replay::aten

@@ -1,0 +1,213 @@
+#pragma once
+
+// Note [Replay protocol]
+// A Transaction wraps one checkpointed segment call. It sees every operator
+// of the segment through the observer (torch_replay/_observe.py calls
+// before_op / after_op), both in the forward and in the replay.
+//
+// Forward (begin_forward .. end_forward):
+//   * declared storages (state=) are preserved by the engine: whole snapshot
+//     at the start; read-set = the bytes of every region the segment touches,
+//     saved at first touch; journal = the old bytes of each destructive write
+//     in the process-wide RegionJournal (Note [Region journal]); guard = only
+//     hashes of the touched regions.
+//   * undeclared storages that existed before the segment and that it writes
+//     (BatchNorm running stats, counters, in-place ops on inputs) are kept
+//     like a read-set automatically (their first-touch bytes), so the replay
+//     neither sees nor leaves a second update.
+//   * generators are tracked from their first use (GeneratorStates).
+//   * the end state is recorded: hashes of the touched regions (B_T) and the
+//     generator states (R_T).
+//   * raw overlapping writes (OverlapError) and float gradients through an
+//     integer write (UnsupportedReplayError) are refused before the op runs;
+//     abort_forward then rolls every touched byte and generator back.
+// Replay (begin_replay .. finish_replay):
+//   1. check_unchanged: undeclared tensors the forward saved for backward (or
+//      read, when asked) must not have been modified since; else
+//      StateMutationError naming them.
+//   2. the live bytes L of everything the replay may rewrite are saved, the
+//      start bytes B0 and generator states R0 are put back, and the replay
+//      runs under the observer, which saves any further live bytes before
+//      they are first written and refuses reads outside the forward's
+//      footprint (they would not be B0).
+//   3. verify_replay: the touched regions must hash to B_T and the generators
+//      must be at R_T, else StateMutationError / RngMismatchError.
+//   4. finish_replay puts L, the live generator states and the version
+//      counters back: the replay is invisible.
+
+#include <ATen/ATen.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "aten/generator_state.h"
+#include "core/region_journal.h"
+#include "core/region_store.h"
+
+namespace torch_replay::aten {
+
+enum class Engine { kAuto, kSnapshot, kJournal, kReadset, kGuard };
+Engine parse_engine(const std::string& name);
+std::string engine_name(Engine engine);
+
+// Address of the tensor's StorageImpl: the key of a storage everywhere.
+StorageKey storage_key(const at::Tensor& t);
+
+struct TransactionOptions {
+  std::string engine = "auto";
+  bool preserve_rng_state = true;
+  // Also watch the version counters of every pre-existing tensor the segment
+  // reads (not only those it saves for backward).
+  bool watch_reads = false;
+};
+
+class Transaction {
+ public:
+  // `tensors` / `tensor_names`: the declared tensors (a module contributes
+  // its buffers and parameters), `generators` / `generator_names`: declared
+  // generators. Preconditions: equal lengths; checked by the Python API.
+  Transaction(
+      TransactionOptions options,
+      std::vector<at::Tensor> tensors,
+      std::vector<std::string> tensor_names,
+      std::vector<at::Generator> generators,
+      std::vector<std::string> generator_names);
+  ~Transaction();
+  Transaction(const Transaction&) = delete;
+  Transaction& operator=(const Transaction&) = delete;
+
+  // ---- forward ----
+  // `inputs` are the tensor arguments of the segment; `rng_devices` the
+  // non-CPU devices whose default generator is preserved from the start (as
+  // torch.utils.checkpoint does for the devices of the arguments).
+  void begin_forward(
+      const std::vector<at::Tensor>& inputs,
+      const std::vector<c10::Device>& rng_devices);
+  // Called before each operator with its tensor arguments; `writes[i]` says
+  // whether the operator mutates tensors[i]; `random` whether it draws from
+  // a generator, `generator` the explicit one if passed.
+  void before_op(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      bool random,
+      const std::optional<at::Generator>& generator);
+  // Called after each operator with its tensor outputs.
+  void after_op(const std::vector<at::Tensor>& outputs, bool differentiable);
+  // Called by the saved-tensor pack hook (use_reentrant=False).
+  void record_saved(const at::Tensor& t);
+  void end_forward();
+  // Rolls back every byte and generator the forward touched (also after
+  // end_forward, as long as no replay ran) and releases the transaction.
+  void abort_forward();
+  // True if the forward touched declared or pre-existing state or drew
+  // random numbers: the replay must then run to the end to be verified.
+  bool stateful() const;
+
+  // ---- replay ----
+  void check_unchanged() const;
+  void begin_replay();
+  // True if finish_replay will rewrite bytes of t's storage (a recomputed
+  // saved tensor aliasing it must then be cloned before finish_replay).
+  bool restores(const at::Tensor& t) const;
+  void verify_replay();
+  void finish_replay();
+  bool in_replay() const {
+    return phase_ == Phase::kReplay;
+  }
+
+  // ---- introspection ----
+  std::string engine() const {
+    return engine_name(engine_);
+  }
+  // Bytes kept from forward to replay by the engine (the journal counts the
+  // entries recorded since this segment started, shared with later ones).
+  int64_t retained_bytes() const;
+  // Bytes of the largest live save made around a replay so far.
+  int64_t replay_transient_bytes() const {
+    return replay_transient_bytes_;
+  }
+  // Bytes of declared state touched by the forward, and written by it.
+  int64_t footprint_bytes() const;
+  int64_t written_bytes() const;
+  int64_t declared_bytes() const;
+  std::vector<std::string> tracked_generators() const {
+    return generators_.names();
+  }
+  // Name of a declared storage ("" if not declared).
+  std::string name_of(StorageKey key) const;
+
+ private:
+  enum class Phase { kIdle, kForward, kForwardDone, kReplay, kReleased };
+  struct Declared {
+    c10::Storage storage;
+    std::string name;
+    std::vector<at::Tensor> tensors;
+  };
+  struct Watched {
+    c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
+    int64_t version;
+    StorageKey key;
+  };
+  struct External {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+  };
+
+  StorageRef resolve(StorageKey key) const;
+  Resolver resolver() const;
+  void forward_access(
+      const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
+  void replay_access(
+      const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
+  void track_default_generator(const c10::Device& device);
+  void rollback();
+  void release();
+  [[noreturn]] void fail(
+      int kind, const std::string& msg, StorageKey key) const;
+
+  TransactionOptions options_;
+  Engine engine_;
+  Phase phase_ = Phase::kIdle;
+  std::map<StorageKey, Declared> declared_;
+  std::vector<std::pair<at::Generator, std::string>> declared_generators_;
+  GeneratorStates generators_;
+
+  // What the forward saw.
+  std::unordered_set<StorageKey> external_, internal_;
+  std::map<StorageKey, External> written_external_;
+  std::map<StorageKey, RangeSet> footprint_, writes_;
+  std::vector<c10::Device> devices_seen_;
+  std::vector<Watched> saved_;
+  std::unordered_map<c10::TensorImpl*, Watched> reads_;
+  // Tensors made (in the forward) from values that require grad, which
+  // grad mode cannot show when the forward runs under no_grad (reentrant).
+  std::unordered_map<
+      c10::TensorImpl*,
+      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>>
+      grad_tainted_;
+  bool last_op_tainted_ = false;
+
+  // Engine data.
+  RegionStore snapshot_;          // snapshot: whole declared storages
+  RegionStore first_touch_;       // read-set, and rollback of writes
+  RegionStore implicit_;          // undeclared pre-existing storages written
+  FootprintHashes start_hashes_;  // journal / guard: B0 of touched regions
+  FootprintHashes end_hashes_;    // B_T of touched regions
+  int64_t journal_pin_ = -1;
+
+  // Replay bookkeeping.
+  RegionStore live_;
+  std::unordered_set<StorageKey> replay_internal_;
+  std::vector<std::pair<
+      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>,
+      int64_t>>
+      replay_versions_;
+  std::unordered_set<c10::TensorImpl*> replay_versioned_;
+  int64_t replay_transient_bytes_ = 0;
+};
+
+}  // namespace torch_replay::aten

@@ -1,0 +1,33 @@
+"""torch_replay: replay-safe activation checkpointing and certified peak memory.
+
+See README.md. The public names are fixed by SPEC section 5.
+"""
+
+from __future__ import annotations
+
+from .checkpoint import ReplayConfig, checkpoint, checkpoint_sequential, config, last_transaction
+from .errors import (
+    InfeasibleBudgetError,
+    OverlapError,
+    ReplayError,
+    RngMismatchError,
+    StateMutationError,
+    UnsupportedReplayError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "InfeasibleBudgetError",
+    "OverlapError",
+    "ReplayConfig",
+    "ReplayError",
+    "RngMismatchError",
+    "StateMutationError",
+    "UnsupportedReplayError",
+    "__version__",
+    "checkpoint",
+    "checkpoint_sequential",
+    "config",
+    "last_transaction",
+]
