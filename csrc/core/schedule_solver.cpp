@@ -48,29 +48,47 @@ Solution solve(const Problem& problem, const SolveOptions& options) {
       {sol.event_cut, sol.forward_trap, sol.reverse_trap, sol.joint_trap});
   sol.lower_bound = certificate;
 
+  // Binary search on the capacity. `lo` is proven (every failed test proves
+  // a bound); `probe_lo` also moves above tests that ran out of their time
+  // share, so that the remaining time goes to capacities that are likelier
+  // to be decided. The first probe, at the bound, gets a quarter of the
+  // budget, later ones half of what is left.
   int64_t lo = sol.lower_bound;
+  int64_t probe_lo = lo;
   int64_t hi = sol.peak;
   if (lo < hi && options.time_limit_s > 0) {
     CapacitySearch search(problem);
     bool first = true;
-    while (lo < hi) {
-      const int64_t capacity = first ? lo : lo + (hi - 1 - lo) / 2;
+    while (probe_lo < hi) {
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        sol.timed_out = true;
+        break;
+      }
+      const auto share = (deadline - now) / (first ? 4 : 2);
+      const auto probe_deadline =
+          share < std::chrono::milliseconds(1) ? deadline : now + share;
+      const int64_t capacity =
+          first ? probe_lo : probe_lo + (hi - 1 - probe_lo) / 2;
       first = false;
       std::vector<int> order;
       int64_t next = 0;
       ++sol.capacity_tests;
       const Decision d = search.decide(
-          capacity, deadline, options.max_search_states, &order, &next);
+          capacity, probe_deadline, options.max_search_states, &order, &next);
       if (d == Decision::kUnknown) {
         sol.timed_out = true;
-        break;
-      }
-      if (d == Decision::kFeasible) {
+        probe_lo = capacity + 1;
+      } else if (d == Decision::kFeasible) {
         consider(order);
         hi = sol.peak;
       } else {
-        lo = std::max(capacity + 1, next);
+        lo = std::max(lo, std::max(capacity + 1, next));
+        probe_lo = std::max(probe_lo, lo);
       }
+    }
+    if (lo >= hi) {
+      sol.timed_out = false;
     }
     sol.search_states = search.states_expanded();
     sol.min_cuts += search.num_min_cuts();
