@@ -82,6 +82,24 @@ def closure(preds: list[set[int]], units) -> set[int]:
     return out
 
 
+def step_cost(spec: dict, s: set[int], u: int) -> int:
+    """Live bytes while u runs with exactly the units of s done."""
+    live = 0
+    for b, size in enumerate(spec["sizes"]):
+        p = spec["producer"][b]
+        if p == u:
+            live += size
+        elif p < 0 or p in s:
+            cons = spec["consumers"][b]
+            if b in spec["outputs"] or any(c not in s for c in cons):
+                live += size
+    return live
+
+
+def succs_of(spec: dict, u: int) -> list[int]:
+    return [v for v, ps in enumerate(predecessors(spec)) if u in ps]
+
+
 def brute_event(spec: dict, u: int, done=(), not_done=()) -> float:
     """min over downsets S (u runnable from S, done in S, not_done not in S)
     of the live bytes while u runs from S."""
@@ -94,16 +112,7 @@ def brute_event(spec: dict, u: int, done=(), not_done=()) -> float:
             continue
         if not set(done) <= s or set(not_done) & s:
             continue
-        live = 0
-        for b, size in enumerate(spec["sizes"]):
-            p = spec["producer"][b]
-            if p == u:
-                live += size
-            elif p < 0 or p in s:
-                cons = spec["consumers"][b]
-                if b in spec["outputs"] or any(c not in s for c in cons):
-                    live += size
-        best = min(best, live)
+        best = min(best, step_cost(spec, s, u))
     return best
 
 
@@ -121,7 +130,20 @@ def brute_bounds(spec: dict) -> dict[str, float]:
         f = max(f, min(d_uv, d_vu))
         r = max(r, min(n_uv, n_vu))
         j = max(j, min(max(n_uv, d_vu), max(n_vu, d_uv)))
-    return {"event_cut": ec, "forward_trap": f, "reverse_trap": r, "joint_trap": j}
+    # The last unit runs with every other unit done; the first from nothing.
+    last = min(
+        (step_cost(spec, set(range(n)) - {u}, u) for u in range(n) if not succs_of(spec, u)),
+        default=0,
+    )
+    first = min((step_cost(spec, set(), u) for u in range(n) if not preds[u]), default=0)
+    end = max(first, last)
+    return {
+        "event_cut": ec,
+        "forward_trap": f,
+        "reverse_trap": r,
+        "joint_trap": j,
+        "end_steps": end,
+    }
 
 
 # ---------------------------------------------------------------- instances
@@ -202,8 +224,14 @@ def test_two_hills_forward_trap_certifies():
 
 def test_fork_reverse_trap_certifies():
     p = schedule.Problem(**fork())
-    bounds = p.lower_bounds(joint=True)
-    assert bounds == {"event_cut": 11, "forward_trap": 11, "reverse_trap": 12, "joint_trap": 12}
+    bounds = p.lower_bounds(extended=True)
+    assert bounds == {
+        "event_cut": 11,
+        "forward_trap": 11,
+        "reverse_trap": 12,
+        "joint_trap": 12,
+        "end_steps": 10,
+    }
     assert p.solve().certified
 
 
@@ -312,12 +340,13 @@ def test_peak_matches_interval_simulation(spec, rnd):
 @given(problems())
 def test_bounds_match_definitions_and_are_sound(spec):
     p = schedule.Problem(**spec)
-    got = p.lower_bounds(joint=True)
+    got = p.lower_bounds(extended=True)
     want = brute_bounds(spec)
     assert got == want
     opt = brute_optimum(spec)
     assert got["event_cut"] <= got["forward_trap"] <= got["joint_trap"] <= opt
     assert got["event_cut"] <= got["reverse_trap"] <= got["joint_trap"]
+    assert got["end_steps"] <= opt
 
 
 @PROPERTY
@@ -369,7 +398,7 @@ def test_solve_matches_exhaustive_on_larger_graphs():
         spec = random_spec(rng, 16)
         p = schedule.Problem(**spec)
         opt, _ = p.exhaustive_optimum()
-        b = p.lower_bounds(joint=True)
+        b = p.lower_bounds(extended=True)
         assert max(b.values()) <= opt
         s = p.solve(time_limit_s=10.0)
         assert s.peak == opt and s.optimal

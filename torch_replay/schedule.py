@@ -90,15 +90,16 @@ class Solution:
     """Best proven lower bound of the optimal peak (min-cut bounds, raised by
     the capacity search when it proves a capacity infeasible)."""
     certified: bool
-    """``peak`` equals a min-cut bound: ``max(event_cut, forward_trap,
-    reverse_trap, joint_trap)``. Checkable without trusting the search."""
+    """``peak`` equals a bound of ``bounds`` (event cut, forward, reverse and
+    joint traps, end steps). Checkable without trusting the search."""
     optimal: bool
     """``peak == lower_bound``: certified, or proven by the exact search."""
     initial_peak: int | None
     """Peak of the original order ``0..n-1``, or None if it is not
     topological."""
     bounds: dict[str, int] = field(default_factory=dict)
-    """``event_cut``, ``forward_trap``, ``reverse_trap`` and ``joint_trap``."""
+    """``event_cut``, ``forward_trap``, ``reverse_trap``, ``joint_trap`` and
+    ``end_steps``. With early stop at ``peak``: exact whenever below it."""
     timed_out: bool = False
     """The capacity search stopped at the time limit (``optimal`` may be
     False although ``order`` is optimal)."""
@@ -129,6 +130,7 @@ class Solution:
             "forward_trap": self.bounds.get("forward_trap"),
             "reverse_trap": self.bounds.get("reverse_trap"),
             "joint_trap": self.bounds.get("joint_trap"),
+            "end_steps": self.bounds.get("end_steps"),
             "lower_bound": self.lower_bound,
             "certified": self.certified,
             "optimal": self.optimal,
@@ -231,20 +233,23 @@ class Problem:
         """Live bytes at each step of ``order`` (same rules and errors as :meth:`peak`)."""
         return self._p.step_costs(_int_list(order, "order"))
 
-    def lower_bounds(self, *, joint: bool = False) -> dict[str, int]:
-        """Min-cut lower bounds on the optimal peak.
+    def lower_bounds(self, *, extended: bool = False) -> dict[str, int]:
+        """Min-cut lower bounds on the optimal peak (``docs/lower_bounds.md``).
 
         Args:
-            joint: Also return ``joint_trap``, the pairwise bound that combines
-                both traps (at least ``max(forward_trap, reverse_trap)``).
+            extended: Also return ``joint_trap`` (the pair bound combining both
+                traps, at least ``max(forward_trap, reverse_trap)``) and
+                ``end_steps`` (the first and last steps of every order).
 
         Returns:
             ``{"event_cut": int, "forward_trap": int, "reverse_trap": int}``
-            (plus ``"joint_trap"`` when asked). Each is at most the optimal
-            peak; both traps are at least the event cut.
+            (plus ``"joint_trap"`` and ``"end_steps"`` when extended). Each is
+            at most the optimal peak; both traps are at least the event cut.
         """
-        d = _core().lower_bounds(self._p, True, True, joint)
-        keys = ["event_cut", "forward_trap", "reverse_trap"] + (["joint_trap"] if joint else [])
+        d = _core().lower_bounds(self._p, True, True, extended)
+        keys = ["event_cut", "forward_trap", "reverse_trap"]
+        if extended:
+            keys += ["joint_trap", "end_steps"]
         return {k: int(d[k]) for k in keys}
 
     def conditional_event(
@@ -315,6 +320,7 @@ class Problem:
                 "forward_trap": int(s.forward_trap),
                 "reverse_trap": int(s.reverse_trap),
                 "joint_trap": int(s.joint_trap),
+                "end_steps": int(s.end_steps),
             },
             timed_out=bool(s.timed_out),
             seconds=float(s.seconds),

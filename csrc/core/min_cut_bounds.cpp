@@ -260,6 +260,30 @@ int64_t MinCutBounds::event_cut() {
   return best;
 }
 
+int64_t MinCutBounds::end_steps() const {
+  if (n_ == 0) {
+    return 0;
+  }
+  int64_t last = kInfeasible;
+  int64_t first = kInfeasible;
+  UnitSet all(n_);
+  for (int u = 0; u < n_; ++u) {
+    all.insert(u);
+  }
+  const UnitSet none(n_);
+  for (int u = 0; u < n_; ++u) {
+    if (problem_.succs(u).empty()) {
+      UnitSet others = all;
+      others.erase(u);
+      last = std::min(last, problem_.resident(others) + problem_.out_bytes(u));
+    }
+    if (problem_.preds(u).empty()) {
+      first = std::min(first, problem_.resident(none) + problem_.out_bytes(u));
+    }
+  }
+  return std::max(first, last);
+}
+
 int64_t MinCutBounds::upper(Kind kind, int u, int v) {
   const size_t i = static_cast<size_t>(u) * n_ + v;
   int64_t& ub = upper_[kind][i];

@@ -112,6 +112,14 @@ class MinCutBounds {
   int64_t reverse_trap(int64_t stop_at = kNoStop);
   int64_t joint_trap(int64_t stop_at = kNoStop);
 
+  // The first and the last step of every schedule: the last unit is a sink
+  // run with every other unit done, the first a source run from {}, so
+  //   end_steps = max(min_{sink u} cost(V - {u}, u),
+  //                   min_{source u} cost({}, u)).
+  // No minimum cut; catches outputs accumulating over independent branches,
+  // which no pair bound sees. 0 without units.
+  int64_t end_steps() const;
+
   int64_t num_min_cuts() const {
     return oracle_.num_min_cuts();
   }

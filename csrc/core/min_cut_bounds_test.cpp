@@ -173,6 +173,31 @@ TEST(MinCutBoundsTest, RandomBoundsAreExactAndSound) {
   EXPECT_GT(r_beats_f, 0);
 }
 
+// Independent sources whose outputs all stay live: every pair bound sees
+// two of them, the last step sees all four.
+//
+//   [0] -> out 5   [1] -> out 5   [2] -> out 5   [3] -> out 5
+TEST(MinCutBoundsTest, EndStepsSeeAccumulatedOutputs) {
+  ProblemSpec spec;
+  spec.num_units = 4;
+  spec.sizes = {5, 5, 5, 5};
+  spec.producer = {0, 1, 2, 3};
+  spec.consumers = {{}, {}, {}, {}};
+  spec.outputs = {0, 1, 2, 3};
+  const Problem p(spec);
+  MinCutBounds bounds(p);
+  EXPECT_EQ(solve_exhaustive(p).peak, 20);
+  EXPECT_EQ(bounds.joint_trap(), 10);
+  EXPECT_EQ(bounds.end_steps(), 20);
+}
+
+TEST(MinCutBoundsTest, EndStepsAreSound) {
+  for (uint64_t seed = 0; seed < 300; ++seed) {
+    const Problem p(testing::random_spec(seed + 777, seed % 12));
+    EXPECT_LE(MinCutBounds(p).end_steps(), solve_exhaustive(p).peak) << seed;
+  }
+}
+
 TEST(MinCutBoundsTest, EarlyStopIsExactAtAFeasiblePeak) {
   for (uint64_t seed = 0; seed < 200; ++seed) {
     const Problem p(testing::random_spec(seed + 5000, 2 + seed % 10));

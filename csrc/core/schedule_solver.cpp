@@ -44,8 +44,13 @@ Solution solve(const Problem& problem, const SolveOptions& options) {
   sol.forward_trap = bounds.forward_trap(sol.peak);
   sol.reverse_trap = bounds.reverse_trap(sol.peak);
   sol.joint_trap = bounds.joint_trap(sol.peak);
+  sol.end_steps = bounds.end_steps();
   const int64_t certificate = std::max(
-      {sol.event_cut, sol.forward_trap, sol.reverse_trap, sol.joint_trap});
+      {sol.event_cut,
+       sol.forward_trap,
+       sol.reverse_trap,
+       sol.joint_trap,
+       sol.end_steps});
   sol.lower_bound = certificate;
 
   // Binary search on the capacity. `lo` is proven (every failed test proves

@@ -30,8 +30,9 @@ struct Solution {
   int64_t forward_trap = 0;
   int64_t reverse_trap = 0;
   int64_t joint_trap = 0;
+  int64_t end_steps = 0;      // MinCutBounds::end_steps (no min cut)
   int64_t lower_bound = 0;    // best proven bound: min-cut or search
-  bool certified = false;     // peak == max(event_cut, forward/reverse/joint)
+  bool certified = false;     // peak == max of the five bounds above
   bool optimal = false;       // peak == lower_bound
   int64_t min_cuts = 0;       // max-flow computations
   int64_t search_states = 0;  // capacity-search states expanded

@@ -39,7 +39,7 @@ py::dict lower_bounds(
     bool joint,
     int64_t stop_at) {
   struct Out {
-    int64_t ec = 0, f = -1, r = -1, j = -1, cuts = 0;
+    int64_t ec = 0, f = -1, r = -1, j = -1, end = 0, cuts = 0;
     double seconds = 0;
   };
   const Out out = guarded([&]() {
@@ -56,6 +56,7 @@ py::dict lower_bounds(
     if (joint) {
       o.j = bounds.joint_trap(stop_at);
     }
+    o.end = bounds.end_steps();
     o.cuts = bounds.num_min_cuts();
     o.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
@@ -73,6 +74,7 @@ py::dict lower_bounds(
   if (joint) {
     d["joint_trap"] = out.j;
   }
+  d["end_steps"] = out.end;
   d["min_cuts"] = out.cuts;
   d["seconds"] = out.seconds;
   return d;
@@ -206,6 +208,7 @@ TORCH_REPLAY_BINDINGS(schedule) {
       .def_readonly("forward_trap", &Solution::forward_trap)
       .def_readonly("reverse_trap", &Solution::reverse_trap)
       .def_readonly("joint_trap", &Solution::joint_trap)
+      .def_readonly("end_steps", &Solution::end_steps)
       .def_readonly("lower_bound", &Solution::lower_bound)
       .def_readonly("certified", &Solution::certified)
       .def_readonly("optimal", &Solution::optimal)
