@@ -207,6 +207,8 @@ def random_table(count: int, seed: int, model: str) -> tuple[list[str], dict]:
         f"(max {1e3 * max(t_bounds):.2f} ms); solve() mean {1e3 * statistics.mean(t_solve):.2f} ms "
         f"(max {1e3 * max(t_solve):.2f} ms).",
     ]
+    hits["worst max(F,R)"] = worst["max(F,R)"][0]
+    hits["worst all five"] = worst["all five"][0]
     return lines, hits
 
 
@@ -302,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--graphs", type=int, default=800)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--restarts", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--restarts", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     CORE = schedule._core()
@@ -322,9 +324,10 @@ def main(argv: list[str] | None = None) -> int:
         " max(EC, F, R, J, end steps) are our additions (docs/lower_bounds.md).",
         "",
     ]
+    results = {}
     for model in ("buffer", "vertex"):
         t = time.perf_counter()
-        lines, _ = random_table(args.graphs, args.seed, model)
+        lines, results[model] = random_table(args.graphs, args.seed, model)
         out += [f"## {args.graphs} random DAGs, {model} model, vs the exhaustive optimum", ""]
         out += lines + [f"(section time {time.perf_counter() - t:.0f} s)", ""]
     out += [
@@ -343,7 +346,28 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     out += speed(args.seed + 2) + [""]
+    b, v = results["buffer"], results["vertex"]
+    g = args.graphs
     out += [
+        "## Comparison with the source",
+        "",
+        f"- Buffer model (the shape of compiled unit graphs): max(F,R) exact on {b['max(F,R)']}/{g} "
+        f"(source 773/800), event cut {b['EC']}/{g} (source 671/800), worst OPT/max(F,R) "
+        f"{b['worst max(F,R)']:.3f} (source 1.23). The source's generator is unknown, so the "
+        "rates are comparable in kind, not digit for digit; the ordering EC < F, R < max(F,R) and "
+        "the incomparability of F and R are reproduced.",
+        f"- Vertex model: pair bounds cannot see sink outputs accumulating across independent "
+        f"branches (max(F,R) exact on {v['max(F,R)']}/{g}, worst {v['worst max(F,R)']:.2f}); "
+        f"the end-steps bound fixes most of it (all five exact on {v['all five']}/{g}, worst "
+        f"{v['worst all five']:.3f}). For the same reason the adversarial search on OPT/max(F,R) "
+        "degenerates into independent outputs; the meaningful adversarial figure is OPT/max(all "
+        "five), to compare with the source's 1.50.",
+        "- The exact capacity search proved the optimum on every random DAG (it matches the "
+        "exhaustive DP), with or without a certifying bound.",
+        "- Speed: all bounds on 259-unit graphs take about 0.1 s, inside the 1 s target. The "
+        "search certifies chain-like training graphs at once; on wide random 259-unit DAGs it "
+        "times out at 1 s and leaves a gap (heuristic peak vs bound).",
+        "",
         "## Wrapper graphs of the Inductor pass",
         "",
         "Pending: the Inductor pass (another issue) produces these graphs; it calls "
