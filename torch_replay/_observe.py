@@ -32,6 +32,13 @@ _NO_BYTE_WRITES = {
     _aten.detach_.default,
 }
 _NOT_DIFFERENTIABLE = {_aten.detach.default}
+# Operators whose schema does not declare a write they make: the running
+# statistics of batch norm in training mode (argument 5), arguments 3 and 4.
+_UNDECLARED_WRITES = {
+    _aten.native_batch_norm.default: (5, (3, 4)),
+    _aten.cudnn_batch_norm.default: (5, (3, 4)),
+    _aten.miopen_batch_norm.default: (5, (3, 4)),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,18 +75,23 @@ class Observer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func.is_view:
+            # A view reads no bytes: the operators that use it will.
+            return func(*args, **kwargs)
         info = _op_info(func)
         tensors: list[torch.Tensor] = []
         writes: list[bool] = []
         generator = None
         nargs = len(args)
+        extra = _UNDECLARED_WRITES.get(func)
+        extra_writes = extra[1] if extra is not None and nargs > extra[0] and args[extra[0]] else ()
         for i, name in enumerate(info.names):
             value = args[i] if i < nargs else kwargs.get(name)
             if value is None:
                 continue
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
-                writes.append(info.writes[i])
+                writes.append(info.writes[i] or i in extra_writes)
             elif isinstance(value, (list, tuple)):
                 for v in value:
                     if isinstance(v, torch.Tensor):

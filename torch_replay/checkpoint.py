@@ -284,8 +284,12 @@ class _Frame:
         return ret
 
     def _recompute_pack(self, gid):
+        txn = self.txn
+
         def pack(x):
             x = x.detach() if x.requires_grad else x
+            if txn.overwritten_later(x):
+                x = x.clone()  # the segment overwrites these bytes after saving them
             idx = self.counter[gid]
             self.counter[gid] += 1
             if idx >= len(self.weak_holders):
@@ -466,10 +470,17 @@ class _ReentrantRunner:
 
     def recompute(self, detached):
         txn = self.txn
+
+        def pack(x):
+            # Saved bytes that the re-run overwrites later, or that finish() puts
+            # back to their live value, are copied: backward runs after both.
+            return x.clone() if txn.overwritten_later(x) or txn.restores(x) else x
+
         with _named_errors(self.function, self.args):
             txn.begin_replay()
-            with self.autocast(), _observer(txn):
-                out = self._call(detached)
+            with torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack):
+                with self.autocast(), _observer(txn):
+                    out = self._call(detached)
             txn.verify_replay()
         return self._flat(out)[2]
 

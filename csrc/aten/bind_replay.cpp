@@ -95,6 +95,7 @@ TORCH_REPLAY_BINDINGS(replay) {
       .def("check_unchanged", &Transaction::check_unchanged)
       .def("begin_replay", &Transaction::begin_replay)
       .def("restores", &Transaction::restores)
+      .def("overwritten_later", &Transaction::overwritten_later)
       .def("verify_replay", &Transaction::verify_replay)
       .def("finish_replay", &Transaction::finish_replay)
       .def_property_readonly("in_replay", &Transaction::in_replay)

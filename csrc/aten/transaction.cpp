@@ -722,6 +722,14 @@ bool Transaction::restores(const at::Tensor& t) const {
   return observable(t) && live_.saved(storage_key(t)).bytes() > 0;
 }
 
+bool Transaction::overwritten_later(const at::Tensor& t) const {
+  if (!observable(t)) {
+    return false;
+  }
+  auto it = writes_.find(storage_key(t));
+  return it != writes_.end() && it->second.overlaps(footprint_of(t));
+}
+
 void Transaction::verify_replay() {
   TORCH_INTERNAL_ASSERT(phase_ == Phase::kReplay);
   StorageKey bad = end_hashes_.first_mismatch(resolver());

@@ -114,6 +114,10 @@ class Transaction {
   // True if finish_replay will rewrite bytes of t's storage (a recomputed
   // saved tensor aliasing it must then be cloned before finish_replay).
   bool restores(const at::Tensor& t) const;
+  // True if t's bytes overlap what the forward wrote: a saved alias of them
+  // taken during the replay must be copied at once, since the replay is
+  // about to overwrite them as the forward did.
+  bool overwritten_later(const at::Tensor& t) const;
   void verify_replay();
   void finish_replay();
   bool in_replay() const {
