@@ -5,6 +5,7 @@ See README.md. The public names are fixed by SPEC section 5.
 
 from __future__ import annotations
 
+from . import schedule
 from .checkpoint import ReplayConfig, checkpoint, checkpoint_sequential, config, last_transaction
 from .errors import (
     InfeasibleBudgetError,
@@ -14,12 +15,15 @@ from .errors import (
     StateMutationError,
     UnsupportedReplayError,
 )
+from .planner import Option, Plan, plan
 
 __version__ = "0.1.0"
 
 __all__ = [
     "InfeasibleBudgetError",
+    "Option",
     "OverlapError",
+    "Plan",
     "ReplayConfig",
     "ReplayError",
     "RngMismatchError",
@@ -30,4 +34,6 @@ __all__ = [
     "checkpoint_sequential",
     "config",
     "last_transaction",
+    "plan",
+    "schedule",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib
 
+import torch  # noqa: F401  (loads libc10 / libtorch, which _C links against)
+
 __all__ = ["C", "require_extension"]
 
 _BUILD_HINT = (

@@ -1,0 +1,146 @@
+// ByteDevice for CUDA memory (Note [Byte devices]): blobs come from the CUDA
+// caching allocator, bytes move with the kernels of cuda/journal_kernels.cu on
+// the current stream. Built only with a CUDA build of torch (setup.py).
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <vector>
+
+#include "aten/byte_devices.h"
+#include "core/status.h"
+#include "journal_kernels.h"
+
+namespace torch_replay::aten {
+namespace {
+
+void check(cudaError_t err) {
+  if (err != cudaSuccess) {
+    throw ReplayException(
+        ErrorKind::kInternal,
+        std::string("torch_replay CUDA kernel failed: ") +
+            cudaGetErrorString(err));
+  }
+}
+
+class CudaBlob final : public Blob {
+ public:
+  explicit CudaBlob(int64_t n)
+      : data_(c10::cuda::CUDACachingAllocator::get()->allocate(n)), n_(n) {}
+  int64_t nbytes() const override {
+    return n_;
+  }
+  uint8_t* data() const {
+    return static_cast<uint8_t*>(data_.get());
+  }
+
+ private:
+  c10::DataPtr data_;
+  int64_t n_;
+};
+
+// Ranges and their packed offsets, uploaded to the device.
+struct DeviceRanges {
+  c10::DataPtr ranges, offsets;
+  int64_t n = 0;
+};
+
+DeviceRanges upload(const RangeSet& set, cudaStream_t stream) {
+  std::vector<int64_t> flat, offsets;
+  int64_t total = 0;
+  for (const auto& r : set.ranges()) {
+    flat.push_back(r.begin);
+    flat.push_back(r.end);
+    offsets.push_back(total);
+    total += r.size();
+  }
+  DeviceRanges out;
+  out.n = static_cast<int64_t>(offsets.size());
+  auto* alloc = c10::cuda::CUDACachingAllocator::get();
+  out.ranges = alloc->allocate(sizeof(int64_t) * (flat.size() + 1));
+  out.offsets = alloc->allocate(sizeof(int64_t) * (offsets.size() + 1));
+  check(cudaMemcpyAsync(
+      out.ranges.get(),
+      flat.data(),
+      sizeof(int64_t) * flat.size(),
+      cudaMemcpyHostToDevice,
+      stream));
+  check(cudaMemcpyAsync(
+      out.offsets.get(),
+      offsets.data(),
+      sizeof(int64_t) * offsets.size(),
+      cudaMemcpyHostToDevice,
+      stream));
+  // The host vectors die with this frame: finish the copies first.
+  check(cudaStreamSynchronize(stream));
+  return out;
+}
+
+// The device that owns `ptr` (multi-GPU: blobs and kernels must go there).
+c10::DeviceIndex device_of(const void* ptr) {
+  cudaPointerAttributes attr;
+  check(cudaPointerGetAttributes(&attr, ptr));
+  return static_cast<c10::DeviceIndex>(attr.device);
+}
+
+class CudaDevice final : public ByteDevice {
+ public:
+  std::unique_ptr<Blob> gather(
+      const uint8_t* base, const RangeSet& ranges) override {
+    c10::cuda::CUDAGuard guard(device_of(base));
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    auto blob = std::make_unique<CudaBlob>(ranges.bytes());
+    DeviceRanges d = upload(ranges, stream);
+    check(
+        cuda::gather_ranges(
+            base,
+            static_cast<const int64_t*>(d.ranges.get()),
+            static_cast<const int64_t*>(d.offsets.get()),
+            d.n,
+            blob->data(),
+            stream));
+    return blob;
+  }
+  void scatter(
+      uint8_t* base, const RangeSet& ranges, const Blob& blob) override {
+    c10::cuda::CUDAGuard guard(device_of(base));
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    DeviceRanges d = upload(ranges, stream);
+    check(
+        cuda::scatter_ranges(
+            base,
+            static_cast<const int64_t*>(d.ranges.get()),
+            static_cast<const int64_t*>(d.offsets.get()),
+            d.n,
+            dynamic_cast<const CudaBlob&>(blob).data(),
+            stream));
+  }
+  Hash128 hash(const uint8_t* base, const RangeSet& ranges) override {
+    c10::cuda::CUDAGuard guard(device_of(base));
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    DeviceRanges d = upload(ranges, stream);
+    auto out = c10::cuda::CUDACachingAllocator::get()->allocate(16);
+    check(cudaMemsetAsync(out.get(), 0, 16, stream));
+    check(
+        cuda::hash_ranges(
+            base,
+            static_cast<const int64_t*>(d.ranges.get()),
+            d.n,
+            static_cast<unsigned long long*>(out.get()),
+            stream));
+    unsigned long long host[2];
+    check(cudaMemcpyAsync(host, out.get(), 16, cudaMemcpyDeviceToHost, stream));
+    check(cudaStreamSynchronize(stream));
+    return {host[0], host[1]};
+  }
+};
+
+struct Registration {
+  Registration() {
+    static CudaDevice device;
+    register_cuda_byte_device(&device);
+  }
+} registration;
+
+}  // namespace
+}  // namespace torch_replay::aten

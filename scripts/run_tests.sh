@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Sets up everything (scripts/setup.sh), then runs every test: lint, the C++
+# core's GoogleTest suite (CTest), the CUDA kernels (compiled with nvcc where
+# it exists, run where a GPU exists), and pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+PY="${TORCH_REPLAY_VENV:-.venv}/bin/python"
+BIN="$(dirname "$PY")"
+JOBS="${MAX_JOBS:-$(nproc)}"
+
+echo "== lint (ruff, clang-format)"
+"$BIN/ruff" check .
+"$BIN/ruff" format --check .
+mapfile -t cxx < <(git ls-files 'csrc/*.h' 'csrc/*.cpp' 'cuda/*.h' 'cuda/*.cu')
+"$BIN/clang-format" --dry-run -Werror "${cxx[@]}"
+
+echo "== C++ core (GoogleTest via CTest)"
+cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+  -DPython3_EXECUTABLE="$PWD/$PY" >/dev/null
+cmake --build build/cmake -j "$JOBS"
+ctest --test-dir build/cmake --output-on-failure -j "$JOBS"
+
+echo "== CUDA kernels (cuda/)"
+if command -v nvcc >/dev/null 2>&1; then
+  mkdir -p build/cuda
+  nvcc -std=c++17 -O2 -c cuda/journal_kernels.cu -o build/cuda/journal_kernels.o
+  nvcc -std=c++17 -O2 -Icuda cuda/journal_kernels_test.cu build/cuda/journal_kernels.o \
+    -o build/cuda/journal_kernels_test
+  set +e
+  build/cuda/journal_kernels_test
+  rc=$?
+  set -e
+  if [ "$rc" -eq 77 ]; then
+    echo "CUDA kernels compiled; their test is skipped: no CUDA device on this machine"
+  elif [ "$rc" -ne 0 ]; then
+    exit "$rc"
+  fi
+else
+  echo "nvcc not found: CUDA kernels not compiled here"
+fi
+
+echo "== pytest"
+"$PY" -m pytest -q tests "$@"
