@@ -24,7 +24,14 @@ from torch_replay.errors import InfeasibleBudgetError, ReplayError
 from torch_replay.planner import OBJECTIVES, OPTION_NAMES, Option, Plan, plan
 
 SLOW = os.environ.get("TORCH_REPLAY_SLOW", "0") == "1"
-slow = pytest.mark.skipif(not SLOW, reason="full-size run: set TORCH_REPLAY_SLOW=1")
+
+
+def slow(test):
+    """Marks an opt-in full-size run (``-m slow``; runs only with TORCH_REPLAY_SLOW=1)."""
+    skip = pytest.mark.skipif(not SLOW, reason="full-size run: set TORCH_REPLAY_SLOW=1")
+    return pytest.mark.slow(skip(test))
+
+
 MiB = 1 << 20
 
 
