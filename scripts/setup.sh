@@ -41,7 +41,17 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
 fi
 "$PY" -m pip install -q -r requirements-dev.txt
 
-# 3. The extension, linked against the torch in $VENV.
-log "building the extension (pip install --no-build-isolation -e .)"
-MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" -m pip install -q --no-build-isolation --no-deps -e .
+# 3. The extension, linked against the torch in $VENV. The editable install
+#    (package metadata, entry points) is redone when pyproject.toml changes;
+#    the extension itself is rebuilt incrementally (ninja) every time.
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+stamp="$VENV/.torch_replay_installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+   || ! "$PY" -m pip show -q torch_replay >/dev/null 2>&1; then
+  log "installing the package (pip install --no-build-isolation -e .)"
+  "$PY" -m pip install -q --no-build-isolation --no-deps -e .
+  touch "$stamp"
+fi
+log "building the extension (setup.py build_ext --inplace)"
+"$PY" setup.py -q build_ext --inplace >/dev/null
 "$PY" -c "import torch_replay; print('[setup] torch_replay', torch_replay.__version__, 'with torch', __import__('torch').__version__)"
