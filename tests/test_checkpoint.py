@@ -655,3 +655,63 @@ def test_no_grad_runs_plainly():
     with torch.no_grad():
         y = tr.checkpoint(lambda a: a * 2, x)
     assert torch.equal(y, x * 2)
+
+
+# ------------------------------------------------------------- torch keywords
+
+
+def test_determinism_check_reports_a_different_recomputation():
+    flag = {"extra": False}
+    x = torch.randn(4, requires_grad=True)
+
+    def seg(a):
+        y = a.sin()
+        if flag["extra"]:
+            y = y.exp()  # saves one more tensor in the re-run
+        return y.cos()
+
+    y = tr.checkpoint(seg, x, early_stop=False)
+    flag["extra"] = True
+    with pytest.raises(tcp.CheckpointError):
+        y.sum().backward()
+
+
+def test_context_fn_and_kwargs_keep_their_meaning():
+    seen = []
+
+    class Ctx:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            seen.append(self.name)
+
+        def __exit__(self, *exc):
+            return False
+
+    x = torch.randn(4, requires_grad=True)
+    y = tr.checkpoint(
+        lambda a, *, k: (a * k).sin(), x, k=3.0, context_fn=lambda: (Ctx("fwd"), Ctx("re"))
+    )
+    y.sum().backward()
+    assert seen == ["fwd", "re"]
+    torch.testing.assert_close(x.grad, 3.0 * (3.0 * x.detach()).cos())
+    with pytest.raises(ValueError, match="Unexpected keyword"):
+        tr.checkpoint(lambda a, k: a * k, x, k=1.0, use_reentrant=True)
+
+
+def test_nested_checkpoints_match_eager():
+    def run(ckpt):
+        torch.manual_seed(0)
+        inner = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
+        outer_lin = nn.Linear(6, 6)
+        x = torch.randn(3, 6, requires_grad=True)
+
+        def outer(a):
+            return outer_lin(ckpt(inner, a) if ckpt else inner(a)).sin()
+
+        y = ckpt(outer, x) if ckpt else outer(x)
+        y.pow(2).sum().backward()
+        return grads(x, outer_lin.weight, inner[0].weight)
+
+    assert_bitwise(run(tr.checkpoint), run(None))
