@@ -11,8 +11,9 @@ overhead: torch_replay.checkpoint vs torch.utils.checkpoint on a pure model (no 
 journal: region journal vs whole snapshot on one declared buffer (--mib MiB) at write ratios
     0.001 / 0.01 / 0.1 / 1 with 1 / 8 / 64 live versions (segments that each write their
     share of the buffer, all alive until backward). Each configuration runs in a fresh
-    process; peak = peak RSS of that process minus its RSS after allocating the buffer and
-    the model (so it counts what preservation adds, plus activations), step time = median.
+    process; peak = the process's peak RSS during the measured steps (VmHWM, reset through
+    /proc/self/clear_refs after a warm-up) minus its RSS at that reset (so it counts what
+    preservation adds, plus activations), step time = median.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import argparse
 import gc
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -117,8 +117,23 @@ def bench_overhead(reps: int) -> dict:
 # -------------------------------------------------------------------- journal
 
 
-def rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_peak_rss() -> int:
+    """Reset the process's peak RSS (VmHWM) to its current RSS and return that, in bytes."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_rss() -> int:
+    return _status_kib("VmHWM") * 1024
 
 
 def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int) -> dict:
@@ -143,7 +158,7 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
     small = torch.zeros(16)
     tr.checkpoint(seg, x, 0, state=[small], engine=engine).sum().backward()
     gc.collect()
-    base = rss_bytes()
+    base = reset_peak_rss()
     times = []
     retained = transient = 0
     for _ in range(reps):
@@ -163,7 +178,7 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
         del txns, loss
         times.append(time.perf_counter() - t0)
     return {
-        "peak_rss_delta": rss_bytes() - base,
+        "peak_rss_delta": peak_rss() - base,
         "median_s": statistics.median(times),
         "retained_bytes": retained,
         "replay_transient_bytes": transient,

@@ -435,20 +435,22 @@ class _ReentrantRunner:
 
     def __init__(self, function, args, txn, preserve):
         self.function = function
-        self.args = list(args)
         self.tensor_idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        # Tensor arguments travel as the Function's saved variables (freed as soon as
+        # its backward ran); keeping them here would hold them for the whole graph.
+        self.args = [None if isinstance(a, torch.Tensor) else a for a in args]
         self.txn = txn
-        self.preserve = preserve
+        self.rng_devices = _rng_devices(args, preserve)
         self.autocast = _autocast_state(_tcp._infer_device_type(*args))
         self.spec = None
         self.leaves: list[Any] = []
         self.tensor_pos: list[int] = []
 
-    def _call(self, tensors):
+    def _args(self, tensors):
         args = list(self.args)
         for i, t in zip(self.tensor_idx, tensors, strict=True):
             args[i] = t
-        return self.function(*args)
+        return args
 
     def _flat(self, out):
         leaves, spec = tree_flatten(out)
@@ -456,16 +458,20 @@ class _ReentrantRunner:
 
     def forward(self, inputs):
         txn = self.txn
-        txn.begin_forward(list(inputs), _rng_devices(self.args, self.preserve))
+        args = self._args(inputs)
+        txn.begin_forward(list(inputs), self.rng_devices)
         try:
-            with _named_errors(self.function, self.args), _observer(txn):
-                out = self._call(inputs)
+            with _named_errors(self.function, args), _observer(txn):
+                out = self.function(*args)
             txn.end_forward()
         except BaseException:
             txn.abort_forward()
             raise
-        self.leaves, self.spec, tensors = self._flat(out)
-        self.tensor_pos = [i for i, t in enumerate(self.leaves) if isinstance(t, torch.Tensor)]
+        leaves, self.spec, tensors = self._flat(out)
+        self.tensor_pos = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
+        # Keep only the non-tensor leaves: holding the outputs here would keep them
+        # alive as long as the graph.
+        self.leaves = [None if isinstance(t, torch.Tensor) else t for t in leaves]
         return tensors
 
     def recompute(self, detached):
@@ -473,14 +479,23 @@ class _ReentrantRunner:
 
         def pack(x):
             # Saved bytes that the re-run overwrites later, or that finish() puts
-            # back to their live value, are copied: backward runs after both.
+            # back to their live value, are copied: backward runs after both. Like
+            # torch's own recomputation hook, keep detached values (a saved output
+            # holding its own grad_fn would form a reference cycle).
+            x = x.detach() if x.requires_grad else x
             return x.clone() if txn.overwritten_later(x) or txn.restores(x) else x
 
-        with _named_errors(self.function, self.args):
+        # A pure segment needs no hook, and without one its re-run is torch's exactly.
+        hooks = (
+            torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack)
+            if txn.stateful
+            else contextlib.nullcontext()
+        )
+        args = self._args(detached)
+        with _named_errors(self.function, args):
             txn.begin_replay()
-            with torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack):
-                with self.autocast(), _observer(txn):
-                    out = self._call(detached)
+            with hooks, self.autocast(), _observer(txn):
+                out = self.function(*args)
             txn.verify_replay()
         return self._flat(out)[2]
 
