@@ -715,3 +715,25 @@ def test_nested_checkpoints_match_eager():
         return grads(x, outer_lin.weight, inner[0].weight)
 
     assert_bitwise(run(tr.checkpoint), run(None))
+
+
+def test_without_observer_declared_state_uses_the_snapshot():
+    torch.manual_seed(0)
+    m = ShiftBlock()
+    x = torch.randn(4, 8, requires_grad=True)
+    ref = None
+    tr.config.observe = False
+    try:
+        with pytest.raises(ValueError, match="observer"):
+            tr.checkpoint(m, x, state=[m], engine="readset")
+        y = tr.checkpoint(m, x, state=[m])
+        assert tr.last_transaction().engine == "snapshot"
+        m.shift.mul_(2.0)
+        y.sum().backward()
+        ref = x.grad.clone()
+    finally:
+        tr.config.observe = True
+    m.shift.div_(2.0)
+    x.grad = None
+    m(x).sum().backward()
+    assert torch.equal(ref, x.grad)

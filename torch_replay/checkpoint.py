@@ -601,6 +601,15 @@ def checkpoint(
         raise ValueError(
             f"torch_replay.config.detect must be 'saved' or 'reads', got {config.detect!r}"
         )
+    if not config.observe and state is not None:
+        # Without the observer nothing reports what the segment touches: only the
+        # whole snapshot preserves declared state then.
+        if engine not in ("auto", "snapshot"):
+            raise ValueError(
+                f"engine={engine!r} needs the observer (torch_replay.config.observe=False); "
+                "use engine='snapshot' or turn the observer back on"
+            )
+        engine = "snapshot"
     txn = _new_transaction(state, function, engine, preserve_rng_state, watch_reads)
     with _named_errors(function, args):
         if use_reentrant:
