@@ -14,7 +14,7 @@ log() { echo "[setup] $*"; }
 
 # 1. System packages: compilers, CMake, Boost.Graph, GoogleTest.
 need=()
-for pkg in g++ cmake libboost-graph-dev libgtest-dev; do
+for pkg in g++ cmake libboost-graph-dev libgtest-dev libgmock-dev; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -631,13 +631,7 @@ void Transaction::begin_replay() {
   }
   for (auto& [key, d] : declared_) {
     for (const auto& t : d.tensors) {
-      c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-      if (replay_versioned_.insert(impl).second) {
-        replay_versions_.emplace_back(
-            c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-                t.getIntrusivePtr()),
-            version_of(impl));
-      }
+      remember_version(t);
     }
   }
   generators_.save_live();
@@ -676,6 +670,16 @@ void Transaction::begin_replay() {
   phase_ = Phase::kReplay;
 }
 
+void Transaction::remember_version(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (replay_versioned_.insert(impl).second) {
+    replay_versions_.emplace_back(
+        c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+            t.getIntrusivePtr()),
+        version_of(impl));
+  }
+}
+
 void Transaction::replay_access(
     const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write) {
   const bool declared = declared_.count(key) > 0;
@@ -696,13 +700,7 @@ void Transaction::replay_access(
     }
     StorageRef ref = resolve(key);
     live_.save(key, ref, fp);
-    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    if (replay_versioned_.insert(impl).second) {
-      replay_versions_.emplace_back(
-          c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-              t.getIntrusivePtr()),
-          version_of(impl));
-    }
+    remember_version(t);
   }
   if (declared && engine_ != Engine::kSnapshot &&
       (fpit == footprint_.end() || !fpit->second.contains(fp))) {

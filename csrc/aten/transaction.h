@@ -168,6 +168,8 @@ class Transaction {
   void replay_access(
       const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
   void track_default_generator(const c10::Device& device);
+  // Records t's version counter (once per tensor) to put back after a replay.
+  void remember_version(const at::Tensor& t);
   void rollback();
   void release();
   [[noreturn]] void fail(
