@@ -1,0 +1,62 @@
+"""Configuration of the wrapper-permutation pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+__all__ = ["PassConfig", "get_config", "set_config"]
+
+
+@dataclass(kw_only=True, slots=True)
+class PassConfig:
+    """Options of the ``torch_replay`` backend's post-codegen pass."""
+
+    enabled: bool = True
+    """Run the pass at all (False: plain Inductor, each graph reported as unchanged)."""
+    deploy: bool = True
+    """Deploy the permuted program when the guard accepts it (False: measure and report only)."""
+    use_core: bool = True
+    """Use ``torch_replay.schedule`` (exact search and min-cut bounds) besides the heuristics."""
+    time_limit_s: float = 1.0
+    """Budget of the scheduling core's search per graph."""
+    check_effects: bool = True
+    """Compare every live storage's bytes before and after each unit (effect completeness)."""
+    all_writes: bool = False
+    """Ablation: treat every access as a write (reads of one generation no longer reorder)."""
+    report: bool = dataclasses.field(
+        default_factory=lambda: os.environ.get("TORCH_REPLAY_REPORT", "0") == "1"
+    )
+    """Print each graph's report (env ``TORCH_REPLAY_REPORT=1``)."""
+    dump_dir: str | None = dataclasses.field(
+        default_factory=lambda: os.environ.get("TORCH_REPLAY_DUMP") or None
+    )
+    """Write original and permuted wrapper sources here (env ``TORCH_REPLAY_DUMP=DIR``)."""
+    inject_failure: str | None = None
+    """Testing: raise inside the pass at this stage (``"parse"``, ``"profile"``,
+    ``"search"``, ``"guard"``) to exercise the fallback."""
+
+
+_CONFIG = PassConfig()
+
+
+def get_config() -> PassConfig:
+    """The configuration used by the registered ``torch_replay`` backend."""
+    return _CONFIG
+
+
+def set_config(config: PassConfig | None = None, **changes: object) -> PassConfig:
+    """Replace the backend's configuration (or change some fields of it).
+
+    Args:
+        config: A new configuration (default: the current one).
+        **changes: Fields to change, as in :func:`dataclasses.replace`.
+
+    Returns:
+        The previous configuration (to restore it later).
+    """
+    global _CONFIG
+    old = _CONFIG
+    _CONFIG = dataclasses.replace(config or _CONFIG, **changes)
+    return old

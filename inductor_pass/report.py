@@ -1,0 +1,138 @@
+"""Per-graph reports of the pass (SPEC section 5)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+
+__all__ = ["GraphReport", "reports", "clear_reports", "record", "dump"]
+
+
+@dataclass(kw_only=True, slots=True)
+class GraphReport:
+    """What the pass did to one compiled graph."""
+
+    graph_id: int = 0
+    """Sequence number in this process."""
+    kind: str = "inference"
+    """``"forward"``, ``"backward"`` or ``"inference"``."""
+    device: str = "cpu"
+    deployed: bool = False
+    """The permuted program replaced the original."""
+    reason: str = ""
+    """Why it was (not) deployed or left unchanged."""
+    modelled_original_peak: int | None = None
+    modelled_permuted_peak: int | None = None
+    measured_original_peak: int | None = None
+    measured_permuted_peak: int | None = None
+    byte_exact: bool | None = None
+    """Modelled == measured for both programs (CPU)."""
+    bitwise_identical: bool | None = None
+    """Outputs and final inputs of both programs are bit-identical."""
+    lower_bound: int | None = None
+    """Best proven lower bound on the modelled peak of any emitted unit order."""
+    bounds: dict[str, int] = field(default_factory=dict)
+    """``event_cut``, ``forward_trap``, ``reverse_trap`` (and more) from the scheduling core."""
+    certified: bool = False
+    """The permuted program's peak equals ``lower_bound`` (optimal)."""
+    num_statements: int = 0
+    num_units: int = 0
+    candidate: str = ""
+    """Heuristic that found the chosen order."""
+    candidates: dict[str, int] = field(default_factory=dict)
+    pass_seconds: float = 0.0
+    """Wall-clock time of the pass (profiling, search and guard)."""
+    notes: list[str] = field(default_factory=list)
+    permuted_source: str | None = field(default=None, repr=False)
+    original_source: str | None = field(default=None, repr=False)
+    live_original: list[int] = field(default_factory=list, repr=False)
+    live_permuted: list[int] = field(default_factory=list, repr=False)
+
+    def as_dict(self) -> dict[str, object]:
+        d = dataclasses.asdict(self)
+        for k in ("permuted_source", "original_source", "live_original", "live_permuted"):
+            d.pop(k)
+        return d
+
+    def summary(self) -> str:
+        def mib(x: int | None) -> str:
+            return "-" if x is None else f"{x / 2**20:.3f} MiB"
+
+        return (
+            f"[torch_replay] graph {self.graph_id} ({self.kind}, {self.device}): "
+            f"{'DEPLOYED' if self.deployed else 'unchanged'}; modelled "
+            f"{mib(self.modelled_original_peak)} -> {mib(self.modelled_permuted_peak)}, "
+            f"measured {mib(self.measured_original_peak)} -> "
+            f"{mib(self.measured_permuted_peak)}, lower bound {mib(self.lower_bound)}, "
+            f"certified={self.certified}, units={self.num_units}; {self.reason}"
+        )
+
+
+_REPORTS: list[GraphReport] = []
+
+
+def reports() -> list[GraphReport]:
+    """One report per graph compiled through the pass in this process, newest last."""
+    return list(_REPORTS)
+
+
+def clear_reports() -> None:
+    """Forget the reports (tests)."""
+    _REPORTS.clear()
+
+
+def record(report: GraphReport, *, print_it: bool, dump_dir: str | None) -> None:
+    report.graph_id = len(_REPORTS)
+    _REPORTS.append(report)
+    if print_it:
+        print(report.summary(), file=sys.stderr)
+    if dump_dir:
+        try:
+            dump(report, dump_dir)
+        except Exception as exc:  # dumping is diagnostics only
+            report.notes.append(f"dump failed: {exc}")
+
+
+def dump(report: GraphReport, directory: str) -> list[str]:
+    """Write the original and permuted wrapper sources (and a timeline PNG with matplotlib).
+
+    Returns:
+        The paths written.
+    """
+    os.makedirs(directory, exist_ok=True)
+    stem = os.path.join(directory, f"graph{report.graph_id:03d}_{report.kind}")
+    written = []
+    for suffix, text in (
+        ("original", report.original_source),
+        ("permuted", report.permuted_source),
+    ):
+        if text is not None:
+            path = f"{stem}_{suffix}.py"
+            with open(path, "w") as f:
+                f.write(text)
+            written.append(path)
+    with open(f"{stem}_report.txt", "w") as f:
+        f.write(report.summary() + "\n")
+    written.append(f"{stem}_report.txt")
+    if report.live_original:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except Exception:
+            return written
+        fig, ax = plt.subplots(figsize=(8, 3))
+        ax.step(range(len(report.live_original)), report.live_original, label="original")
+        if report.live_permuted:
+            ax.step(range(len(report.live_permuted)), report.live_permuted, label="permuted")
+        ax.set_xlabel("statement")
+        ax.set_ylabel("live bytes (modelled)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(f"{stem}_timeline.png")
+        plt.close(fig)
+        written.append(f"{stem}_timeline.png")
+    return written
