@@ -25,6 +25,9 @@ class PassConfig:
     """Compare every live storage's bytes before and after each unit (effect completeness)."""
     all_writes: bool = False
     """Ablation: treat every access as a write (reads of one generation no longer reorder)."""
+    ablation: bool = False
+    """Also search with every access treated as a write and report that modelled peak
+    (``GraphReport.ablation_permuted_peak``); the ablation program is not deployed."""
     report: bool = dataclasses.field(
         default_factory=lambda: os.environ.get("TORCH_REPLAY_REPORT", "0") == "1"
     )

@@ -27,6 +27,8 @@ class GraphReport:
     modelled_permuted_peak: int | None = None
     measured_original_peak: int | None = None
     measured_permuted_peak: int | None = None
+    ablation_permuted_peak: int | None = None
+    """Modelled peak when every access is treated as a write (``PassConfig.ablation``)."""
     byte_exact: bool | None = None
     """Modelled == measured for both programs (CPU)."""
     bitwise_identical: bool | None = None

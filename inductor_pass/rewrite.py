@@ -160,6 +160,12 @@ def optimize_wrapper(
         time_limit_s=config.time_limit_s,
     )
     rep.modelled_permuted_peak = res.peak
+    if config.ablation:
+        aw = build_dependences(model, resolve, all_writes=True)
+        rep.ablation_permuted_peak = search_order(
+            model, *aw, use_core=config.use_core, time_limit_s=config.time_limit_s
+        ).peak
+        build_dependences(model, resolve, all_writes=config.all_writes)  # restore effects
     rep.lower_bound = res.lower_bound
     rep.bounds = res.bounds
     rep.certified = res.certified
