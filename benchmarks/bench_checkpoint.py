@@ -185,45 +185,48 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
     }
 
 
-def bench_journal(reps: int, mib: int) -> list[dict]:
-    rows = []
-    for versions in (1, 8, 64):
-        for ratio in (0.001, 0.01, 0.1, 1.0):
+def _run_child(engine, mib_, ratio, versions, reps) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "_child",
+        engine,
+        str(mib_),
+        str(ratio),
+        str(versions),
+        str(reps),
+    ]
+    proc = subprocess.run(cmd, text=True, capture_output=True)
+    if proc.returncode != 0:
+        why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
+        return {"error": f"{why} (killed: out of memory?)" if proc.returncode == -9 else why}
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def bench_journal(reps: int, mib_: int, versions_list, ratios, rows: dict) -> dict:
+    """Measure the grid (or part of it); rows is keyed by "versions/ratio" and updated."""
+    for versions in versions_list:
+        for ratio in ratios:
             res = {}
             for engine in ("snapshot", "journal"):
                 r = reps if versions < 64 else max(1, reps // 2)
-                cmd = [
-                    sys.executable,
-                    __file__,
-                    "_child",
-                    engine,
-                    str(mib),
-                    str(ratio),
-                    str(versions),
-                    str(r),
-                ]
-                res[engine] = json.loads(subprocess.check_output(cmd, text=True).splitlines()[-1])
-            rows.append(
-                {
-                    "versions": versions,
-                    "write_ratio": ratio,
-                    "snapshot": res["snapshot"],
-                    "journal": res["journal"],
-                    "peak_ratio": res["journal"]["peak_rss_delta"]
-                    / max(1, res["snapshot"]["peak_rss_delta"]),
-                    "model_peak_ratio": (
-                        res["journal"]["retained_bytes"] + res["journal"]["replay_transient_bytes"]
-                    )
-                    / max(
-                        1,
-                        res["snapshot"]["retained_bytes"]
-                        + res["snapshot"]["replay_transient_bytes"],
-                    ),
-                    "time_ratio": res["journal"]["median_s"] / res["snapshot"]["median_s"],
-                }
-            )
-            print(json.dumps(rows[-1]), flush=True)
+                res[engine] = _run_child(engine, mib_, ratio, versions, r)
+            row = {"versions": versions, "write_ratio": ratio, "mib": mib_, **res}
+            if "error" not in res["snapshot"] and "error" not in res["journal"]:
+                s_, j_ = res["snapshot"], res["journal"]
+                row["peak_ratio"] = j_["peak_rss_delta"] / max(1, s_["peak_rss_delta"])
+                row["model_peak_ratio"] = (
+                    j_["retained_bytes"] + j_["replay_transient_bytes"]
+                ) / max(1, s_["retained_bytes"] + s_["replay_transient_bytes"])
+                row["time_ratio"] = j_["median_s"] / s_["median_s"]
+            rows[f"{versions}/{ratio}"] = row
+            print(json.dumps(row), flush=True)
     return rows
+
+
+RESULTS_JSON = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "results", "checkpoint.json"
+)
 
 
 def mib(n):
@@ -231,7 +234,12 @@ def mib(n):
 
 
 def markdown(overhead, journal, args) -> str:
-    lines = [f"Command: `python benchmarks/bench_checkpoint.py {' '.join(args)}`", ""]
+    lines = [
+        "Commands: `python benchmarks/bench_checkpoint.py all --out benchmarks/results/checkpoint.md`"
+        " (rows measured by later partial runs, e.g. `journal --versions 64 --ratios 1`, replace"
+        f" theirs; this file was last written by `... {' '.join(args)}`)",
+        "",
+    ]
     lines.append(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads"
     )
@@ -253,15 +261,24 @@ def markdown(overhead, journal, args) -> str:
             "",
             "## Region journal vs whole snapshot (one declared buffer)",
             "",
-            "| live versions | write ratio | snapshot peak MiB | journal peak MiB | peak ratio (RSS) "
-            "| peak ratio (model) | snapshot step s | journal step s | time ratio |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| buffer MiB | live versions | write ratio | snapshot peak MiB | journal peak MiB "
+            "| peak ratio (RSS) | peak ratio (model) | snapshot step s | journal step s "
+            "| time ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for r in journal:
+        for r in sorted(journal.values(), key=lambda r: (r["versions"], r["write_ratio"])):
+            s_, j_ = r["snapshot"], r["journal"]
+            if "error" in s_ or "error" in j_:
+                lines.append(
+                    f"| {r['mib']} | {r['versions']} | {r['write_ratio']} | "
+                    f"{s_.get('error', mib(s_.get('peak_rss_delta', 0)))} | "
+                    f"{j_.get('error', mib(j_.get('peak_rss_delta', 0)))} | | | | | |"
+                )
+                continue
             lines.append(
-                f"| {r['versions']} | {r['write_ratio']} | {mib(r['snapshot']['peak_rss_delta'])} | "
-                f"{mib(r['journal']['peak_rss_delta'])} | {r['peak_ratio']:.4f} | {r['model_peak_ratio']:.4f} | "
-                f"{r['snapshot']['median_s']:.3f} | {r['journal']['median_s']:.3f} | {r['time_ratio']:.3f} |"
+                f"| {r['mib']} | {r['versions']} | {r['write_ratio']} | {mib(s_['peak_rss_delta'])} | "
+                f"{mib(j_['peak_rss_delta'])} | {r['peak_ratio']:.4f} | {r['model_peak_ratio']:.4f} | "
+                f"{s_['median_s']:.3f} | {j_['median_s']:.3f} | {r['time_ratio']:.3f} |"
             )
     return "\n".join(lines) + "\n"
 
@@ -274,18 +291,28 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("what", choices=["overhead", "journal", "all"])
+    p.add_argument("what", choices=["overhead", "journal", "all", "report"])
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--mib", type=int, default=256)
-    p.add_argument("--out", default=None)
+    p.add_argument("--versions", default="1,8,64", help="live versions to measure")
+    p.add_argument("--ratios", default="0.001,0.01,0.1,1", help="write ratios to measure")
+    p.add_argument("--json", default=RESULTS_JSON, help="results kept between runs")
+    p.add_argument("--out", default=None, help="markdown table to write")
     a = p.parse_args()
-    overhead = journal = None
+    data = {"overhead": None, "journal": {}}
+    if os.path.exists(a.json):
+        with open(a.json) as f:
+            data = json.load(f)
     if a.what in ("overhead", "all"):
-        overhead = bench_overhead(a.reps or 15)
-        print(json.dumps(overhead, indent=1))
+        data["overhead"] = bench_overhead(a.reps or 15)
+        print(json.dumps(data["overhead"], indent=1))
     if a.what in ("journal", "all"):
-        journal = bench_journal(a.reps or 3, a.mib)
-    md = markdown(overhead, journal, sys.argv[1:])
+        versions = [int(v) for v in a.versions.split(",")]
+        ratios = [float(r) for r in a.ratios.split(",")]
+        bench_journal(a.reps or 3, a.mib, versions, ratios, data["journal"])
+    with open(a.json, "w") as f:
+        json.dump(data, f, indent=1)
+    md = markdown(data["overhead"], data["journal"], sys.argv[1:])
     print(md)
     if a.out:
         with open(a.out, "w") as f:
