@@ -640,6 +640,36 @@ Footprint segment_footprint(const Program& p, int segment) {
   return fp;
 }
 
+Footprint exposed_reads(const Program& p, int segment) {
+  Footprint fp;
+  fp.ranges.resize(p.storages.size());
+  std::vector<std::vector<bool>> written(p.storages.size());
+  for (size_t s = 0; s < p.storages.size(); ++s) {
+    written[s].assign(p.storages[s].nbytes, false);
+  }
+  auto [first, last] = segment_ops(p, segment);
+  for (int k = first; k < last; ++k) {
+    const Op& op = p.ops[k];
+    if (op.kind == OpKind::kBoundary) {
+      continue;
+    }
+    for (const Operand& o : op.operands) {
+      const View& v = p.views[o.view];
+      int64_t size = dtype_size(v.dtype);
+      int64_t b = v.byte_offset + o.start * size;
+      for (int64_t i = b; i < b + op.len * size; ++i) {
+        if (!written[v.storage][i]) {
+          fp.ranges[v.storage].push_back({i, i + 1});
+        }
+      }
+    }
+    auto [db, de] = dst_bytes(p, op);
+    int s = p.views[op.dst_view].storage;
+    std::fill(written[s].begin() + db, written[s].begin() + de, true);
+  }
+  return fp;
+}
+
 uint64_t hash_footprint(const ByteState& st, const Footprint& fp) {
   uint64_t h = 1469598103934665603ull;
   for (size_t s = 0; s < fp.ranges.size(); ++s) {
@@ -1109,8 +1139,10 @@ BytesResult check_bytes(const Program& p) {
     ByteState rs_end = replay(s, rs);
     r.readset_ok += hash_footprint(rs_end, fp) == hash_footprint(end[s], fp) &&
                     rs_end.rng == end[s].rng;
-    // Guard: the live footprint must still be B0, else refuse.
-    if (hash_footprint(final_state, fp) != hash_footprint(start[s], fp)) {
+    // Guard: the bytes the segment reads before writing them must still be
+    // B0 in the live state, else refuse.
+    const Footprint ex = exposed_reads(p, s);
+    if (hash_footprint(final_state, ex) != hash_footprint(start[s], ex)) {
       ++r.guard_refused;
     } else {
       ByteState g = final_state;
@@ -1177,7 +1209,8 @@ EngineResult check_engine(const Program& p, EngineKind engine) {
   std::vector<ByteState> snap(nseg);
   std::vector<RngState> r0(nseg), rt(nseg);
   std::vector<Footprint> fps(nseg);
-  std::vector<uint64_t> start_hash(nseg), end_hash(nseg);
+  std::vector<uint64_t> start_hash(nseg), end_hash(nseg), exposed_hash(nseg);
+  std::vector<Footprint> exposed(nseg);
   std::vector<std::vector<std::vector<uint8_t>>> readset(nseg);
   std::vector<JournalEntry> journal;
   std::vector<size_t> journal_start(nseg + 1);
@@ -1186,6 +1219,8 @@ EngineResult check_engine(const Program& p, EngineKind engine) {
     fps[s] = segment_footprint(p, s);
     r0[s] = st.rng;
     start_hash[s] = hash_footprint(st, fps[s]);
+    exposed[s] = exposed_reads(p, s);
+    exposed_hash[s] = hash_footprint(st, exposed[s]);
     if (engine == EngineKind::kSnapshot) {
       snap[s] = st;
       for (const auto& b : st.bytes) {
@@ -1262,7 +1297,7 @@ EngineResult check_engine(const Program& p, EngineKind engine) {
           break;
         }
         case EngineKind::kGuard:
-          if (hash_footprint(live, fps[s]) != start_hash[s]) {
+          if (hash_footprint(live, exposed[s]) != exposed_hash[s]) {
             r.refused = true;
             return true;
           }
@@ -1275,7 +1310,7 @@ EngineResult check_engine(const Program& p, EngineKind engine) {
           break;
       }
       if (engine != EngineKind::kNone &&
-          hash_footprint(from, fps[s]) != start_hash[s]) {
+          hash_footprint(from, exposed[s]) != exposed_hash[s]) {
         ok = false;
       }
       replay_segment_values(p, tr, s, from, vals);

@@ -34,8 +34,8 @@
 // one view's values) and on the generator state. The preservation engines
 // that make (B0, R0) available again are modelled on bytes: whole snapshot,
 // region journal (undo newest first, redo to come back), read-set (the bytes
-// of the segment's footprint) and guard (keep nothing, refuse if the
-// footprint changed).
+// of the segment's footprint) and guard (keep nothing, refuse unless the
+// bytes the segment reads before writing them are still B0).
 
 #include <bitset>
 #include <complex>
@@ -205,6 +205,9 @@ void run_ops(
 std::pair<int, int> segment_ops(const Program& program, int segment);
 // Bytes read or written by the ops of segment s.
 Footprint segment_footprint(const Program& program, int segment);
+// Bytes segment s reads before it writes them itself: what must still equal
+// B0 for a replay from the live bytes to be exact (the guard's check).
+Footprint exposed_reads(const Program& program, int segment);
 uint64_t hash_footprint(const ByteState& state, const Footprint& fp);
 // Float value of element `index` of view `view` in `state`.
 double read_value(

@@ -203,7 +203,8 @@ TEST(ReplayContractTest, GeneratedProgramsPassTheByteCheck) {
   GeneratorOptions o;
   o.cross_width_aliases = true;
   o.alias_rate = 0.6;
-  int refused = 0, control_wrong = 0;
+  o.ensure_overwrite = false;
+  int refused = 0, guarded = 0, control_wrong = 0;
   for (uint64_t seed = 0; seed < 200; ++seed) {
     Program p = generate_program(seed, o);
     BytesResult r = check_bytes(p);
@@ -214,8 +215,10 @@ TEST(ReplayContractTest, GeneratedProgramsPassTheByteCheck) {
     EXPECT_EQ(r.guard_ok + r.guard_refused, r.segments) << seed;
     EXPECT_EQ(r.wrong_rng_detected, r.segments) << seed;
     refused += r.guard_refused;
+    guarded += r.guard_ok;
     control_wrong += r.no_restore_wrong;
   }
+  EXPECT_GT(guarded, 0);
   // Later segments do overwrite earlier footprints in this family: the guard
   // refuses and a replay without restoring is wrong.
   EXPECT_GT(refused, 0);
@@ -224,9 +227,14 @@ TEST(ReplayContractTest, GeneratedProgramsPassTheByteCheck) {
 
 TEST(ReplayContractTest, EnginesGiveTheEagerGradient) {
   GeneratorOptions o;
-  int guard_refused = 0, none_wrong = 0;
+  o.ensure_overwrite = false;
+  GeneratorOptions small = o;  // few ops over many buffers: often guardable
+  small.buffers = 5;
+  small.ops = 3;
+  small.segments = 3;
+  int guard_refused = 0, guard_exact = 0, none_wrong = 0;
   for (uint64_t seed = 0; seed < 100; ++seed) {
-    Program p = generate_program(seed, o);
+    Program p = generate_program(seed, seed % 2 ? small : o);
     for (EngineKind e :
          {EngineKind::kEager,
           EngineKind::kSnapshot,
@@ -239,6 +247,7 @@ TEST(ReplayContractTest, EnginesGiveTheEagerGradient) {
         ++guard_refused;
         continue;
       }
+      guard_exact += e == EngineKind::kGuard;
       EXPECT_EQ(r.max_diff_eager, 0.0) << seed << engine_kind_name(e);
       EXPECT_LE(r.max_grad_error, 1e-15) << seed << engine_kind_name(e);
       EXPECT_TRUE(r.state_restored);
@@ -247,6 +256,7 @@ TEST(ReplayContractTest, EnginesGiveTheEagerGradient) {
     none_wrong += check_engine(p, EngineKind::kNone).max_diff_eager > 0;
   }
   EXPECT_GT(guard_refused, 0);
+  EXPECT_GT(guard_exact, 0);
   EXPECT_GT(none_wrong, 0);
 }
 

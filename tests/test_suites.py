@@ -1,0 +1,212 @@
+"""CI-sized runs of the replay contract suites (torch_replay.suites), plus checks that the
+reference interpreter agrees with independent computations (torch autograd in float64,
+and a brute-force Python re-implementation of the byte machine).
+
+The full-size results are in benchmarks/results/suites.md; set TORCH_REPLAY_SLOW=1 to run
+the full sizes here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import pytest
+import torch
+import torch_replay._C as C
+
+from torch_replay import suites
+
+
+@pytest.mark.parametrize(
+    "name,size",
+    [("numeric", 64), ("bytes", 64), ("engines", 64), ("complex-step", 8), ("alias-stress", 4)],
+)
+def test_reference_suite_meets_every_target_at_ci_size(name, size):
+    r = suites.run_suite(name, seed=1000, programs=size)
+    failed = [t for t in r.targets if not t["passed"]]
+    assert not failed, failed
+
+
+def test_cohort_pattern_at_ci_size():
+    r = suites.run_suite("cohort", seed=420000, programs=2)
+    failed = [t for t in r.targets if not t["passed"]]
+    assert not failed, failed
+    s = r.measured["summary"]
+    # The source's pattern: torch native right on local views, wrong on hidden buffers.
+    assert s["local view"]["torch-nonreentrant"]["matched"] == 4
+    assert s["hidden buffer"]["torch-reentrant"]["wrong"] == 4
+    assert s["hidden buffer"]["tr-journal"]["matched"] == 4
+    # Undeclared hidden state is refused, never answered.
+    assert s["hidden buffer"]["tr-auto-nostate"]["rejected"] == 4
+    assert all(v["rejected"] == 2 for v in s["overlapping copy"].values())
+    # One record per execution: eager + 9 methods x (RNG on, off), overlap: eager + 9.
+    assert len(r.records) == 2 * (4 * 19 + 10)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", suites.SUITES)
+def test_full_size_suite(name):
+    assert suites.run_suite(name).passed
+
+
+def test_cli_writes_json_and_markdown(tmp_path):
+    rc = suites.main(["numeric", "--programs", "8", "--out", str(tmp_path), "--quiet"])
+    assert rc == 0
+    data = json.loads((tmp_path / "suites_numeric.json").read_text())
+    assert data["measured"]["programs"] == 8 and data["passed"]
+    assert "| scalar outputs exact |" in (tmp_path / "suites.md").read_text()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError):
+        suites.run_suite("nope")
+    with pytest.raises(ValueError):
+        suites.run_suite("numeric", programs=0)
+    with pytest.raises(TypeError):
+        C.contract.generate_program(0, bogus=1)
+    with pytest.raises(ValueError):
+        C.contract.generate_program(0, min_elems=9, max_elems=3)
+
+
+# ------------------------------------------- independent references for the interpreter
+
+_FMT = {"float64": "d", "float32": "f", "int32": "i"}
+_SIZE = {"float64": 8, "float32": 4, "int32": 4}
+
+
+def _splitmix(x: int) -> int:
+    m = (1 << 64) - 1
+    x = (x + 0x9E3779B97F4A7C15) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    return x ^ (x >> 31)
+
+
+def _uniform(key: int, counter: int) -> float:
+    return (_splitmix(key ^ _splitmix(counter)) >> 11) * 2.0**-53
+
+
+def _run_python(prog: dict) -> tuple[list[bytes], int]:
+    """The byte machine re-implemented in plain Python (struct + math)."""
+    mem = [bytearray(s["initial"]) for s in prog["storages"]]
+    key, counter = prog["rng"]
+    views = prog["views"]
+
+    def read(v, i):
+        w = views[v]
+        fmt, size = _FMT[w["dtype"]], _SIZE[w["dtype"]]
+        return float(
+            struct.unpack_from("<" + fmt, mem[w["storage"]], w["byte_offset"] + i * size)[0]
+        )
+
+    f = {
+        "identity": lambda z: z,
+        "tanh": math.tanh,
+        "sin": math.sin,
+        "sigmoid": lambda z: 0.5 + 0.5 * math.tanh(0.5 * z),
+    }
+    for op in prog["ops"]:
+        if op["kind"] == "boundary":
+            continue
+        n = op["len"]
+        xs = [[read(v, s + i) for (v, s, _c) in op["operands"]] for i in range(n)]
+        mask, noise = [1.0] * n, [0.0] * n
+        if op["dropout"] > 0:
+            for i in range(n):
+                r = _uniform(key, counter + i)
+                mask[i] = 0.0 if r < op["dropout"] else 1.0 / (1.0 - op["dropout"])
+            counter += n
+        if op["noise"] > 0:
+            for i in range(n):
+                noise[i] = op["noise"] * (2.0 * _uniform(key, counter + i) - 1.0)
+            counter += n
+        w = views[op["dst_view"]]
+        fmt, size = _FMT[w["dtype"]], _SIZE[w["dtype"]]
+        for i in range(n):
+            s = 0.0
+            for x, (_v, _s, c) in zip(xs[i], op["operands"], strict=True):
+                s = s + c * x
+            s = s + op["bias"]
+            z = mask[i] * s + noise[i]
+            v = f[op["nonlin"]](z)
+            if w["dtype"] == "int32":
+                v = 0 if v != v else int(round(min(max(v, 0.0), 2.0**30)))
+            struct.pack_into(
+                "<" + fmt, mem[w["storage"]], w["byte_offset"] + (op["dst_start"] + i) * size, v
+            )
+    return [bytes(m) for m in mem], counter
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_interpreter_bytes_match_an_independent_python_machine(seed):
+    p = C.contract.generate_program(
+        seed, cross_width_aliases=True, alias_rate=0.6, int_write_rate=0.2
+    )
+    ev = C.contract.evaluate(p)
+    got, counter = _run_python(p.to_dict())
+    # Python's math calls the same C library: the bytes agree exactly.
+    assert ev["rng"][1] == counter
+    assert ev["final_bytes"] == got, p.describe()
+
+
+def _torch_gradient(prog: dict) -> tuple[float, list[float]]:
+    """Float64-only programs re-run with torch autograd; gradient w.r.t. the inputs."""
+    leaves = []
+    mem = []
+    for s in prog["storages"]:
+        t = torch.frombuffer(bytearray(s["initial"]), dtype=torch.float64).clone()
+        t.requires_grad_(True)
+        leaves.append(t)
+        mem.append(t.clone())
+    views = prog["views"]
+    f = {
+        "identity": lambda z: z,
+        "tanh": torch.tanh,
+        "sin": torch.sin,
+        "sigmoid": lambda z: 0.5 + 0.5 * torch.tanh(0.5 * z),
+    }
+
+    def view(v, a, n):
+        w = views[v]
+        off = w["byte_offset"] // 8
+        return mem[w["storage"]][off + a : off + a + n]
+
+    for op in prog["ops"]:
+        if op["kind"] == "boundary":
+            continue
+        assert op["dropout"] == 0 and op["noise"] == 0
+        n = op["len"]
+        s = torch.zeros(n, dtype=torch.float64)
+        for v, a, c in op["operands"]:
+            s = s + c * view(v, a, n)
+        z = f[op["nonlin"]](s + op["bias"])
+        w = views[op["dst_view"]]
+        off = w["byte_offset"] // 8 + op["dst_start"]
+        st = w["storage"]
+        mem[st] = torch.cat([mem[st][:off], z, mem[st][off + n :]])
+    loss = sum(
+        wt * mem[views[v]["storage"]][views[v]["byte_offset"] // 8 + i] for v, i, wt in prog["loss"]
+    )
+    grads = torch.autograd.grad(loss, leaves)
+    return float(loss.detach()), [g for gs in grads for g in gs.tolist()]
+
+
+def test_reference_gradient_matches_torch_autograd():
+    checked = 0
+    for seed in range(400):
+        p = C.contract.generate_program(seed, rng_rate=0.0, int_write_rate=0.0, buffers=2)
+        d = p.to_dict()
+        if any(v["dtype"] != "float64" for v in d["views"]):
+            continue
+        ev = C.contract.evaluate(p)
+        loss, g = _torch_gradient(d)
+        assert math.isclose(loss, ev["loss"], rel_tol=1e-13, abs_tol=1e-13)
+        ours = ev["grad"]
+        assert len(ours) == len(g)
+        assert max(abs(a - b) for a, b in zip(ours, g, strict=True)) < 1e-13
+        checked += 1
+        if checked == 25:
+            break
+    assert checked == 25
