@@ -1008,7 +1008,10 @@ def main(argv: list[str] | None = None) -> int:
         r = run_suite(name, seed=args.seed, programs=args.programs, quiet=args.quiet)
         results.append(r)
         with open(os.path.join(args.out, f"suites_{name}.json"), "w") as f:
-            json.dump({"command": command, **r.to_dict()}, f, indent=1, default=str)
+            # The cohort's records are many: one line each keeps the file small.
+            json.dump(
+                {"command": command, **r.to_dict()}, f, indent=None if r.records else 1, default=str
+            )
         for t in r.targets:
             print(
                 f"[{'ok' if t['passed'] else 'FAIL'}] {name}: {t['name']}: {t['measured']} "
