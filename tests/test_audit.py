@@ -294,6 +294,7 @@ def test_resnet18_train_mode_batchnorm():
     assert s.retained_bytes == bn_bytes
     assert r["fc"].torch_checkpoint_exact and r["fc"].auto_engine == "guard"
     assert r["relu"].torch_checkpoint_exact
+    assert r["avgpool"].auto_engine == "none (nothing saved)"
     # Independent check: torch's checkpoint of layer1 updates the running stats twice.
     torch.manual_seed(0)
     a, b = ResNet18().train(), ResNet18().train()
@@ -378,6 +379,7 @@ def test_moco_momentum_encoder_and_queue():
     assert not any("weight" in n for n in q.mutated_after_read)
     k = r["encoder_k"]
     assert "encoder_k.net.1.running_var (buffer)" in k.mutated_in_forward
+    assert not k.needs_grad and "without grad" in k.torch_replay_error  # under no_grad
     assert r.outside and any(n.startswith("encoder_k.net.0.weight") for n in r.outside)
     assert "contrast.queue (buffer)" in r.outside
     # Independent check: torch's checkpoint of contrast is wrong once the queue moves on.

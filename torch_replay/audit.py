@@ -77,6 +77,9 @@ class SegmentAudit:
     """Bytes that engine kept from forward to backward."""
     torch_replay_error: str | None = None
     """If ``torch_replay.checkpoint`` refuses the segment, why."""
+    needs_grad: bool = True
+    """False if no output of the segment required grad in the observed run (it ran under
+    ``no_grad``, like a momentum encoder): checkpointing does not apply to it."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -122,6 +125,8 @@ class AuditReport:
             lines.append(f"the model itself failed: {self.error}")
         for s in self.segments:
             mark = "exact" if s.torch_checkpoint_exact else "NOT exact"
+            if not s.needs_grad:
+                mark += " (but it runs without grad)"
             lines.append(f"\n[{s.name}] {s.kind}: torch.utils.checkpoint {mark}")
             rows = [
                 ("mutated in forward", s.mutated_in_forward),
@@ -194,6 +199,7 @@ class _SegState:
     overlapping: list = field(default_factory=list)
     int_writes: list = field(default_factory=list)
     active: int = 0
+    grad_output: bool = False
 
 
 class _AuditMode(TorchDispatchMode):
@@ -282,9 +288,12 @@ class _Auditor:
         seg.active += 1
         self.stack.append(seg)
 
-    def leave(self) -> None:
+    def leave(self, output: Any = None) -> None:
         seg = self.stack.pop()
         seg.active -= 1
+        leaves = tree_leaves(output) if output is not None else []
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
+            seg.grad_output = True
 
     def current(self) -> str:
         if self.phase == "backward":
@@ -391,7 +400,7 @@ for _n in ("cudnn_batch_norm", "miopen_batch_norm", "_native_batch_norm_legit"):
 
 
 def _verdict(a: _Auditor, seg: _SegState, root: nn.Module | None) -> SegmentAudit:
-    out = SegmentAudit(name=seg.name, kind=seg.kind)
+    out = SegmentAudit(name=seg.name, kind=seg.kind, needs_grad=seg.grad_output)
     out.mutated_in_forward = sorted(set(seg.writes_pre.values()))
     out.non_input_reads = sorted({n for _, _, n in seg.reads.values()})
     later: dict[int, str] = {}
@@ -486,8 +495,10 @@ def _probe_engine(
         with torch.enable_grad():
             y = tr.checkpoint(fn, *seg.first_args, state=state or None, engine="auto")
             txn = tr.last_transaction()
-            out.auto_engine = txn.engine if txn is not None else None
-            out.retained_bytes = int(txn.retained_bytes) if txn is not None else None
+            if txn is None:  # nothing saved for backward: the transaction is gone
+                out.auto_engine, out.retained_bytes = "none (nothing saved)", 0
+            else:
+                out.auto_engine, out.retained_bytes = txn.engine, int(txn.retained_bytes)
             leaves = [t for t in tree_flatten(y)[0] if isinstance(t, torch.Tensor)]
             total = sum(t.float().sum() for t in leaves if t.requires_grad)
             if isinstance(total, torch.Tensor):
@@ -562,7 +573,7 @@ def audit(
                 a.enter(label, type(mod).__name__, args)
 
             def post(mod, args, output):
-                a.leave()
+                a.leave(output)
 
             handles.append(m.register_forward_pre_hook(pre))
             handles.append(m.register_forward_hook(post))
@@ -575,10 +586,12 @@ def audit(
 
         def run(*args):
             a.enter(label, "function", args)
+            out = None
             try:
-                return fn(*args)
+                out = fn(*args)
+                return out
             finally:
-                a.leave()
+                a.leave(out)
 
         target = label
     error = None
@@ -599,7 +612,11 @@ def audit(
     for name in a.order:
         seg = a.segments[name]
         verdict = _verdict(a, seg, root)
-        if probe_engines and error is None and not verdict.overlapping_writes:
+        if error is not None:
+            verdict.needs_grad = True  # the forward did not finish: unknown, assume so
+        if not verdict.needs_grad:
+            verdict.torch_replay_error = "runs without grad: checkpointing does not apply"
+        elif probe_engines and error is None and not verdict.overlapping_writes:
             _probe_engine(a, seg, fns[name], verdict, root)
         elif verdict.overlapping_writes:
             verdict.torch_replay_error = "OverlapError: raw overlapping write"
