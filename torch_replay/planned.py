@@ -1,0 +1,610 @@
+"""Run a sequential model with the options the joint planner chose (SPEC section 2.3).
+
+:class:`PlannedSequential` takes the segments of a model, their measured
+options (from ``python -m torch_replay.calibrate`` or a list of
+:class:`~torch_replay.planner.Option`), a memory budget and the declared state,
+plans with :func:`torch_replay.plan`, and runs each segment with its choice:
+``"eager"`` is a plain call that keeps its activations; the other options run
+the segment through :func:`torch_replay.checkpoint` with that engine.
+
+Predicted vs measured peak (Note [Measured peak]):
+
+* predicted: ``plan.peak = persistent + sum(retained) + max(transient)`` with
+  the calibrated costs.
+* measured (:meth:`PlannedSequential.measure`): ``static`` (bytes of the
+  distinct storages of the parameters, buffers and declared state tensors at
+  the start of the step) plus the peak, over one training step (forward, loss,
+  backward), of
+
+  - the bytes of every tensor storage an operator creates during the step and
+    that is still alive (a :class:`LiveBytesTracker` dispatch mode; storages
+    that alias an operator's inputs, i.e. views and in-place results, are not
+    new), which covers activations, recomputed activations, gradients and
+    temporaries between operators; and
+  - the bytes the live transactions hold in C++ outside the torch allocator
+    (snapshot / read-set copies, the shared journal counted once, and the live
+    save of the transaction being replayed), read from their counters.
+
+  Sampled after every operator, so memory used only inside one operator
+  (workspaces) is not seen, nor allocator slack or Python objects. The budget
+  benchmark also reports peak RSS of fresh processes, which sees everything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from .checkpoint import checkpoint, last_transaction
+from .planner import OBJECTIVES, OPTION_NAMES, Option, Plan, plan
+
+__all__ = [
+    "LiveBytesTracker",
+    "PeakReport",
+    "PlannedSequential",
+    "SegmentProfile",
+    "static_bytes",
+]
+
+
+# ------------------------------------------------------------------- tracker
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return 0
+
+
+class LiveBytesTracker(TorchDispatchMode):
+    """Live bytes of the tensor storages operators create while it is active.
+
+    A storage counts from the operator that creates it (an output whose storage
+    is none of the operator's inputs' storages) until it is freed. ``extra``
+    (optional) returns bytes held outside the torch allocator (the
+    transactions' C++ copies); it is sampled after every operator and added to
+    ``live``. ``peak`` is the largest ``live`` seen; :meth:`mark` starts a new
+    window (``window_peak``) for per-segment figures.
+
+    Args:
+        extra: a callable returning bytes held elsewhere, or None.
+    """
+
+    def __init__(self, extra: Callable[[], int] | None = None) -> None:
+        super().__init__()
+        self.extra = extra
+        self.tensor_live = 0
+        self.extra_live = 0
+        self.peak = 0
+        self.window_peak = 0
+        self._seen: set[int] = set()
+
+    @property
+    def live(self) -> int:
+        """Tensor bytes created while active and alive, plus the last ``extra`` sample."""
+        return self.tensor_live + self.extra_live
+
+    def sample(self) -> int:
+        """Re-read ``extra``, update the peaks, and return ``live``."""
+        self.extra_live = self.extra() if self.extra is not None else 0
+        live = self.live
+        self.peak = max(self.peak, live)
+        self.window_peak = max(self.window_peak, live)
+        return live
+
+    def mark(self) -> int:
+        """Start a new window: sample, set ``window_peak = live`` and return it."""
+        live = self.sample()
+        self.window_peak = live
+        return live
+
+    def _free(self, key: int, nbytes: int) -> None:
+        if key in self._seen:
+            self._seen.discard(key)
+            self.tensor_live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {
+            _storage_ptr(t)
+            for t in tree_leaves((args, kwargs))
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided
+        }
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+                continue
+            s = t.untyped_storage()
+            key = s.data_ptr()
+            if not key or key in inputs or key in self._seen:
+                continue
+            self._seen.add(key)
+            nbytes = s.nbytes()
+            self.tensor_live += nbytes
+            weakref.finalize(s, self._free, key, nbytes)
+        self.sample()
+        return out
+
+
+def static_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``.
+
+    Args:
+        tensors: any tensors (views of one storage count once).
+
+    Returns:
+        The summed ``nbytes`` of their distinct storages.
+    """
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is None or t.layout != torch.strided:
+            continue
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+    return sum(seen.values())
+
+
+# ------------------------------------------------------------------- reports
+
+
+@dataclass(kw_only=True, slots=True)
+class SegmentProfile:
+    """What one segment did during one profiled step."""
+
+    forward_s: float = 0.0
+    """Wall time of the segment's forward."""
+    backward_s: float = 0.0
+    """Wall time from the gradient of its output to the gradient of its input
+    (its backward, including any replay)."""
+    retained_tensor_bytes: int = 0
+    """Tensor bytes its forward left alive (activations it saved and its output)."""
+    preserved_bytes: int = 0
+    """Bytes its transaction held just before backward (0 for eager)."""
+    forward_extra_bytes: int = 0
+    """Peak above (start + retained) during its forward (temporaries)."""
+    backward_transient_bytes: int = 0
+    """Peak during its backward above the live bytes when it began."""
+    written_bytes: int = 0
+    """Declared bytes its forward wrote (transaction counter; 0 for eager)."""
+    replay_transient_bytes: int = 0
+    """Largest live-state save around its replay (transaction counter)."""
+    engine: str = "eager"
+    """The engine that ran it (``"eager"`` for a plain call)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class PeakReport:
+    """Predicted vs measured peak of one training step (Note [Measured peak])."""
+
+    predicted_peak: int | None
+    """``plan.peak`` (None when the module runs fixed choices without costs)."""
+    measured_peak: int
+    """``static_bytes + tracked_peak``."""
+    static_bytes: int
+    """Distinct storages of parameters, buffers and declared state."""
+    tracked_peak: int
+    """Peak of tracked live bytes (tensor storages created in the step plus C++ copies)."""
+    persistent: int
+    """The persistent bytes the plan charged."""
+    budget: int | None
+    """The budget planned for."""
+    choices: list[str]
+    """The option of each segment."""
+    segments: list[SegmentProfile] = field(default_factory=list)
+    """Per-segment figures of the same step."""
+
+    @property
+    def predicted_minus_measured(self) -> int | None:
+        """Predicted minus measured peak (positive: the model is conservative)."""
+        if self.predicted_peak is None:
+            return None
+        return self.predicted_peak - self.measured_peak
+
+
+# -------------------------------------------------------------------- module
+
+
+def _read_costs(costs: Any, n: int) -> list[list[Option]]:
+    if isinstance(costs, (str, os.PathLike, Mapping)):
+        from .calibrate import load_costs
+
+        return load_costs(costs, segments=n)
+    if isinstance(costs, Sequence):
+        return [list(seg) for seg in costs]
+    raise TypeError(
+        "costs must be a list (per segment) of lists of tr.Option, a calibration "
+        f"JSON path, or its loaded dict; got {type(costs).__name__}"
+    )
+
+
+def _is_per_segment(state: Any, n: int) -> bool:
+    if not isinstance(state, (list, tuple)) or len(state) != n or n == 0:
+        return False
+    return all(s is None or isinstance(s, (list, tuple)) for s in state)
+
+
+class PlannedSequential(torch.nn.Module):
+    """A sequence of segments, each run with the option the joint planner chose.
+
+    Args:
+        segments: the segments in program order (an ``nn.Sequential``, or a
+            list of ``nn.Module`` s); each takes the previous output.
+        budget: memory budget in bytes (needed unless ``choices`` is given).
+        costs: the measured options: a list (one per segment) of lists of
+            :class:`Option`, a calibration JSON file written by
+            ``python -m torch_replay.calibrate`` (its ``model`` section), or
+            that file's loaded dict.
+        state: declared state for the checkpointed segments (tensors,
+            ``nn.Module`` s, ``torch.Generator`` s), either one iterable for
+            every segment, or a list with one iterable (or None) per segment.
+        objective: ``"joint"``, ``"state_agnostic"`` or ``"eager_whole"``.
+        persistent: bytes held throughout (``P``); default: parameters,
+            buffers, declared state tensors and the parameters' gradients.
+        choices: run these option names instead of planning (baselines); the
+            costs, when given, still give the predicted peak.
+        use_reentrant: passed to :func:`torch_replay.checkpoint`.
+
+    Raises:
+        InfeasibleBudgetError: no plan of ``objective`` fits ``budget`` (its
+            ``min_budget`` says what would).
+        ValueError: inconsistent arguments (costs for another number of
+            segments, unknown option names, missing budget).
+        TypeError: arguments of the wrong type.
+    """
+
+    def __init__(
+        self,
+        segments: Sequence[torch.nn.Module] | torch.nn.Sequential,
+        *,
+        budget: int | None = None,
+        costs: Any = None,
+        state: Iterable[Any] | Sequence[Iterable[Any] | None] | None = None,
+        objective: str = "joint",
+        persistent: int | None = None,
+        choices: Sequence[str] | None = None,
+        use_reentrant: bool = False,
+    ) -> None:
+        super().__init__()
+        mods = list(segments.children() if isinstance(segments, torch.nn.Sequential) else segments)
+        if not mods:
+            raise ValueError("PlannedSequential needs at least one segment")
+        for i, m in enumerate(mods):
+            if not callable(m):
+                raise TypeError(f"segment {i} is a {type(m).__name__}, not callable")
+        self.segments = torch.nn.ModuleList(m for m in mods if isinstance(m, torch.nn.Module))
+        self._callables = mods
+        n = len(mods)
+        if objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
+        if state is None:
+            self._state: list[list[Any] | None] = [None] * n
+        elif _is_per_segment(state, n):
+            self._state = [list(s) if s is not None else None for s in state]
+        else:
+            shared = list(state)
+            self._state = [shared] * n
+        self.use_reentrant = use_reentrant
+        self.objective = objective
+        self.budget = budget
+        self.persistent = self.default_persistent() if persistent is None else int(persistent)
+        self.costs: list[list[Option]] | None = None
+        if costs is not None:
+            self.costs = _read_costs(costs, n)
+            if len(self.costs) != n:
+                raise ValueError(f"costs describe {len(self.costs)} segments, the model has {n}")
+        self.plan: Plan | None = None
+        if choices is not None:
+            choices = list(choices)
+            if len(choices) != n:
+                raise ValueError(f"{len(choices)} choices for {n} segments")
+            for c in choices:
+                if c not in OPTION_NAMES:
+                    raise ValueError(f"unknown option {c!r}; options are {OPTION_NAMES}")
+            self.choices = choices
+        else:
+            if budget is None or self.costs is None:
+                raise ValueError(
+                    "give budget= and costs= to plan, or choices= to run fixed options"
+                )
+            self.plan = plan(
+                self.costs, budget=budget, persistent=self.persistent, objective=objective
+            )
+            self.choices = list(self.plan.choices)
+        self._txns: list[weakref.ReferenceType | None] = [None] * n
+        self._profile: _Profiler | None = None
+
+    # ------------------------------------------------------------- accounting
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for items in self._state:
+            for item in items or ():
+                if isinstance(item, torch.Tensor):
+                    out.append(item)
+                elif isinstance(item, torch.nn.Module):
+                    out.extend(b for b in item.buffers() if b is not None)
+                    out.extend(item.parameters())
+        return out
+
+    def _static_tensors(self) -> list[torch.Tensor]:
+        return [*self.parameters(), *(b for b in self.buffers() if b is not None)] + (
+            self._state_tensors()
+        )
+
+    def default_persistent(self) -> int:
+        """Parameters, buffers and declared state tensors (distinct storages), plus
+        one gradient per parameter that requires grad.
+
+        Returns:
+            Bytes.
+        """
+        grads = sum(p.numel() * p.element_size() for p in self.parameters() if p.requires_grad)
+        return static_bytes(self._static_tensors()) + grads
+
+    @property
+    def predicted_peak(self) -> int | None:
+        """``persistent + sum(retained) + max(transient)`` of the choices, from the costs."""
+        if self.plan is not None:
+            return self.plan.peak
+        if self.costs is None:
+            return None
+        chosen = []
+        for i, (seg, c) in enumerate(zip(self.costs, self.choices, strict=True)):
+            match = [o for o in seg if o.name == c]
+            if not match:
+                raise ValueError(f"segment {i} has no measured cost for option {c!r}")
+            chosen.append(match[0])
+        return (
+            self.persistent
+            + sum(o.retained for o in chosen)
+            + max((o.transient for o in chosen), default=0)
+        )
+
+    def _held_bytes(self) -> int:
+        """Bytes the live transactions hold outside the torch allocator."""
+        total = 0
+        journal = 0
+        for i, ref in enumerate(self._txns):
+            txn = ref() if ref is not None else None
+            if txn is None:
+                continue
+            retained = txn.retained_bytes
+            if txn.engine == "journal":
+                journal = max(journal, retained)  # one shared log
+            else:
+                total += retained
+            if txn.in_replay:
+                total += txn.replay_transient_bytes
+                if self._profile is not None:
+                    self._profile.saw_replay(i, txn.replay_transient_bytes)
+        return total + journal
+
+    # ---------------------------------------------------------------- forward
+
+    def forward(self, x: Any) -> Any:
+        """Run every segment with its chosen option.
+
+        Args:
+            x: input of the first segment.
+
+        Returns:
+            Output of the last segment.
+        """
+        prof = self._profile
+        h = x
+        for i, (fn, choice) in enumerate(zip(self._callables, self.choices, strict=True)):
+            if prof is not None:
+                prof.before_forward(i, h)
+            if choice == "eager" or not torch.is_grad_enabled():
+                h = fn(h)
+                txn = None
+            else:
+                h = checkpoint(
+                    fn,
+                    h,
+                    state=self._state[i],
+                    engine=choice,
+                    use_reentrant=self.use_reentrant,
+                )
+                txn = last_transaction()
+            self._txns[i] = weakref.ref(txn) if txn is not None else None
+            if prof is not None:
+                prof.after_forward(i, h, txn)
+        return h
+
+    # ---------------------------------------------------------------- measure
+
+    def profile_step(
+        self,
+        x: torch.Tensor,
+        loss_fn: Callable[[Any], torch.Tensor] | None = None,
+        *,
+        track_memory: bool = True,
+    ) -> tuple[list[SegmentProfile], int]:
+        """Run one training step (forward, loss, backward) and profile each segment.
+
+        Gradients are accumulated into ``.grad`` as by a normal step; set them to
+        None before if you want them fresh.
+
+        Args:
+            x: the input (make it require grad to time the first segment's
+                backward separately from the rest of the step).
+            loss_fn: maps the output to a scalar (default: ``out.float().pow(2).mean()``).
+            track_memory: run under a :class:`LiveBytesTracker` (slower; times
+                are then not representative).
+
+        Returns:
+            (per-segment profiles, peak of tracked live bytes; 0 when not tracked).
+        """
+        loss_fn = loss_fn or _default_loss
+        tracker = LiveBytesTracker(self._held_bytes) if track_memory else None
+        prof = _Profiler(len(self.choices), tracker)
+        self._profile = prof
+        try:
+            if tracker is not None:
+                with tracker:
+                    self._step(x, loss_fn, prof)
+            else:
+                self._step(x, loss_fn, prof)
+        finally:
+            self._profile = None
+        prof.finish()
+        return prof.segments, (tracker.peak if tracker is not None else 0)
+
+    def _step(self, x, loss_fn, prof: _Profiler) -> None:
+        out = self(x)
+        loss = loss_fn(out)
+        prof.before_backward()
+        loss.backward()
+        prof.after_backward()
+
+    def measure(
+        self, x: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor] | None = None
+    ) -> PeakReport:
+        """Measure one training step's peak and compare it with the prediction.
+
+        Parameter gradients are set to None first (they are part of the step).
+        See Note [Measured peak] in the module docstring for what is counted.
+
+        Args:
+            x: the input batch.
+            loss_fn: maps the output to a scalar (default: mean of squares).
+
+        Returns:
+            A :class:`PeakReport`.
+        """
+        for p in self.parameters():
+            p.grad = None
+        static = static_bytes(self._static_tensors())
+        segs, peak = self.profile_step(x, loss_fn, track_memory=True)
+        return PeakReport(
+            predicted_peak=self.predicted_peak,
+            measured_peak=static + peak,
+            static_bytes=static,
+            tracked_peak=peak,
+            persistent=self.persistent,
+            budget=self.budget,
+            choices=list(self.choices),
+            segments=segs,
+        )
+
+    def extra_repr(self) -> str:
+        peak = self.predicted_peak
+        return f"choices={self.choices}, budget={self.budget}, predicted_peak={peak}"
+
+
+def _default_loss(out: Any) -> torch.Tensor:
+    return out.float().pow(2).mean()
+
+
+class _Profiler:
+    """Per-segment timing and memory windows of one step (see profile_step)."""
+
+    def __init__(self, n: int, tracker: LiveBytesTracker | None) -> None:
+        self.tracker = tracker
+        self.segments = [SegmentProfile() for _ in range(n)]
+        self.n = n
+        self._t0 = 0.0
+        self._live0 = 0
+        self._tensor0 = 0
+        self._txns: list[Any] = [None] * n
+        self._bwd_start: list[float | None] = [None] * n
+        self._bwd_end: list[float | None] = [None] * n
+        self._bwd_live0: list[int] = [0] * n
+        self._bwd_peak: list[int] = [0] * n
+        self._backward_done = 0.0
+        self._open: int | None = None
+
+    # forward -----------------------------------------------------------------
+    def before_forward(self, i: int, h: Any) -> None:
+        if i == 0 and isinstance(h, torch.Tensor) and h.requires_grad:
+            h.register_hook(self._input_hook(0))
+        if self.tracker is not None:
+            self._live0 = self.tracker.mark()
+            self._tensor0 = self.tracker.tensor_live
+        self._t0 = time.perf_counter()
+
+    def after_forward(self, i: int, h: Any, txn: Any) -> None:
+        seg = self.segments[i]
+        seg.forward_s = time.perf_counter() - self._t0
+        if self.tracker is not None:
+            tr_ = self.tracker
+            tr_.sample()
+            seg.retained_tensor_bytes = max(0, tr_.tensor_live - self._tensor0)
+            held = tr_.live - self._live0
+            seg.forward_extra_bytes = max(0, tr_.window_peak - self._live0 - max(held, 0))
+        # Weak: the transaction must die when autograd frees the segment's graph.
+        self._txns[i] = weakref.ref(txn) if txn is not None else None
+        if txn is not None:
+            seg.engine = txn.engine
+        if isinstance(h, torch.Tensor) and h.requires_grad:
+            # The gradient of h ends segment i+1's backward and starts segment i's.
+            if i + 1 < self.n:
+                h.register_hook(self._input_hook(i + 1))
+            h.register_hook(self._output_hook(i))
+
+    # backward ----------------------------------------------------------------
+    def before_backward(self) -> None:
+        for i, ref in enumerate(self._txns):
+            txn = ref() if ref is not None else None
+            if txn is not None:
+                self.segments[i].preserved_bytes = int(txn.retained_bytes)
+                self.segments[i].written_bytes = int(txn.written_bytes)
+
+    def saw_replay(self, i: int, nbytes: int) -> None:
+        seg = self.segments[i]
+        seg.replay_transient_bytes = max(seg.replay_transient_bytes, int(nbytes))
+
+    def _output_hook(self, i: int):
+        def hook(grad):
+            now = time.perf_counter()
+            self._bwd_start[i] = now
+            if self.tracker is not None:
+                self._bwd_live0[i] = self.tracker.mark()
+            self._open = i
+
+        return hook
+
+    def _input_hook(self, i: int):
+        # Fires when the gradient of segment i's input is complete: its backward is over.
+        def hook(grad):
+            now = time.perf_counter()
+            if self._bwd_end[i] is None:
+                self._bwd_end[i] = now
+                if self.tracker is not None and self._open == i:
+                    self.tracker.sample()
+                    self._bwd_peak[i] = self.tracker.window_peak
+                    self._open = None
+
+        return hook
+
+    def after_backward(self) -> None:
+        now = time.perf_counter()
+        if self.tracker is not None and self._open is not None:
+            self.tracker.sample()
+            self._bwd_peak[self._open] = self.tracker.window_peak
+            self._open = None
+        for i in range(self.n):
+            start = self._bwd_start[i]
+            end = self._bwd_end[i] if self._bwd_end[i] is not None else now
+            if start is not None:
+                self.segments[i].backward_s = max(0.0, end - start)
+        self._backward_done = now
+
+    def finish(self) -> None:
+        for i, seg in enumerate(self.segments):
+            ref = self._txns[i]
+            txn = ref() if ref is not None else None
+            if txn is not None:  # still alive (retain_graph): read its counter
+                self.saw_replay(i, txn.replay_transient_bytes)
+            if self.tracker is not None and self._bwd_start[i] is not None:
+                seg.backward_transient_bytes = max(0, self._bwd_peak[i] - self._bwd_live0[i])
