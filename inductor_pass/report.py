@@ -46,6 +46,8 @@ class GraphReport:
     candidates: dict[str, int] = field(default_factory=dict)
     pass_seconds: float = 0.0
     """Wall-clock time of the pass (profiling, search and guard)."""
+    search_seconds: float = 0.0
+    """Wall-clock time of the scheduling core (exact search and lower bounds) for this graph."""
     notes: list[str] = field(default_factory=list)
     permuted_source: str | None = field(default=None, repr=False)
     original_source: str | None = field(default=None, repr=False)

@@ -160,6 +160,7 @@ def optimize_wrapper(
         time_limit_s=config.time_limit_s,
     )
     rep.modelled_permuted_peak = res.peak
+    rep.search_seconds = res.core_seconds
     if config.ablation:
         aw = build_dependences(model, resolve, all_writes=True)
         rep.ablation_permuted_peak = search_order(
