@@ -498,7 +498,10 @@ class PlannedSequential(torch.nn.Module):
         )
 
     def extra_repr(self) -> str:
-        peak = self.predicted_peak
+        try:
+            peak = self.predicted_peak
+        except ValueError:
+            peak = None
         return f"choices={self.choices}, budget={self.budget}, predicted_peak={peak}"
 
 

@@ -1,0 +1,377 @@
+"""Budget regimes: joint planner vs its baselines, measured in fresh processes (CPU).
+
+    python benchmarks/bench_budgets.py [--rounds 20] [--steps 2] [--workloads queue,dense]
+                                       [--calibration costs.json] [--out budgets.md]
+
+For each workload (``queue``: sparse writes into a ring buffer with many live
+versions; ``dense``: every segment rewrites the whole buffer, write ratio 1):
+
+1. its segments are calibrated in a fresh process (``measure_segments``: one
+   option on every segment, per-segment retained / transient / time);
+2. budgets are derived from those costs so that the source's three regimes
+   appear: ``eager fits`` (budget = the all-eager peak), ``eager/whole
+   infeasible`` (halfway between the joint and the eager/whole minimum
+   budgets) and ``pressure`` (halfway between the eager/whole minimum and the
+   all-eager peak: eager/whole is feasible but needs snapshots);
+3. per regime the policies are planned: ``joint``, ``fixed journal`` / ``fixed
+   readset`` (every segment), ``eager/whole`` (exact costs, eager and snapshot
+   only) and ``state-agnostic`` (preserved bytes left out; its true peak and
+   overshoot are reported);
+4. every distinct policy runs in ``--rounds`` fresh processes, interleaved in a
+   shuffled order per round; each process runs one warm-up step and
+   ``--steps`` timed training steps (median kept), measures the peak RSS over
+   the timed steps (VmHWM after a reset, minus RSS before), and in the first
+   round also the tracked peak of ``PlannedSequential.measure``.
+
+Time ratios are ratios of mean step times over rounds with a 95% paired
+bootstrap interval (rounds resampled, 4,000 resamples).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+import torch_replay as tr  # noqa: E402
+from torch_replay import calibrate as cal  # noqa: E402
+from torch_replay.planned import PlannedSequential  # noqa: E402
+from torch_replay.planner import Option  # noqa: E402
+
+MIB = 2**20
+WORKLOADS = {
+    "queue": ("torch_replay.calibrate:queue_workload", {}),
+    "dense": ("torch_replay.calibrate:dense_workload", {}),
+}
+ABBREV = {"eager": "E", "snapshot": "S", "journal": "J", "readset": "R", "guard": "G"}
+
+
+def build(workload: str):
+    spec, kwargs = WORKLOADS[workload]
+    return cal._resolve_factory(spec)(**kwargs)
+
+
+# --------------------------------------------------------------------- children
+
+
+def child_calibrate(workload: str, reps: int) -> dict:
+    torch.set_num_threads(2)
+    w = build(workload)
+    return cal.measure_segments(w, ["eager", "snapshot", "journal", "readset"], reps=reps)
+
+
+def child_run(workload: str, choices: list[str], steps: int, track: bool) -> dict:
+    torch.set_num_threads(2)
+    w = build(workload)
+    model = PlannedSequential(w.segments, state=w.state, choices=choices)
+    static = model.default_persistent()
+    model.profile_step(w.make_input(), track_memory=False)  # warm-up
+    physical = cal._PhysicalPeak("cpu")
+    physical.start()
+    times = []
+    for _ in range(steps):
+        for p in model.parameters():
+            p.grad = None
+        x = w.make_input()
+        t0 = time.perf_counter()
+        out = model(x)
+        out.float().pow(2).mean().backward()
+        times.append(time.perf_counter() - t0)
+    rss = physical.peak()
+    res = {"step_s": statistics.median(times), "rss_peak_delta": rss, "persistent": static}
+    if track:
+        res["tracked_peak"] = model.measure(w.make_input()).measured_peak
+    return res
+
+
+def run_child(args: list[str]) -> dict:
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------ plans
+
+
+def options_of(cost: dict) -> list[list[Option]]:
+    return [[Option(**o) for o in seg] for seg in cost["segments"]]
+
+
+def fixed_peak(opts: list[list[Option]], choices: list[str], persistent: int) -> int:
+    chosen = [next(o for o in seg if o.name == c) for seg, c in zip(opts, choices, strict=True)]
+    return persistent + sum(o.retained for o in chosen) + max(o.transient for o in chosen)
+
+
+def fixed_time(opts: list[list[Option]], choices: list[str]) -> float:
+    return sum(
+        next(o for o in seg if o.name == c).time for seg, c in zip(opts, choices, strict=True)
+    )
+
+
+def min_budget(opts, persistent, objective) -> int:
+    try:
+        return tr.plan(opts, budget=0, persistent=persistent, objective=objective).min_budget
+    except tr.InfeasibleBudgetError as e:
+        return e.min_budget
+
+
+def policies(opts: list[list[Option]], persistent: int) -> tuple[dict, list[dict]]:
+    n = len(opts)
+    eager_peak = fixed_peak(opts, ["eager"] * n, persistent)
+    joint_min = min_budget(opts, persistent, "joint")
+    ew_min = min_budget(opts, persistent, "eager_whole")
+    budgets = {"eager fits": eager_peak}
+    if joint_min < ew_min:
+        budgets["eager/whole infeasible"] = (joint_min + ew_min) // 2
+    if ew_min < eager_peak:
+        budgets["pressure"] = (ew_min + eager_peak) // 2
+    info = {"eager_peak": eager_peak, "joint_min": joint_min, "eager_whole_min": ew_min}
+    regimes = []
+    for regime, m in budgets.items():
+        rows = []
+        for label, objective in (
+            ("joint", "joint"),
+            ("eager/whole", "eager_whole"),
+            ("state-agnostic", "state_agnostic"),
+        ):
+            try:
+                p = tr.plan(opts, budget=m, persistent=persistent, objective=objective)
+                rows.append(
+                    {
+                        "policy": label,
+                        "feasible": p.fits,
+                        "choices": p.choices,
+                        "predicted_peak": p.peak,
+                        "charged_peak": p.predicted.peak,
+                        "model_time": p.time,
+                        "overshoot": p.overshoot,
+                    }
+                )
+            except tr.InfeasibleBudgetError as e:
+                rows.append(
+                    {
+                        "policy": label,
+                        "feasible": False,
+                        "choices": None,
+                        "min_budget": e.min_budget,
+                    }
+                )
+        for engine in ("journal", "readset"):
+            choices = [engine] * n
+            peak = fixed_peak(opts, choices, persistent)
+            rows.append(
+                {
+                    "policy": f"fixed {engine}",
+                    "feasible": peak <= m,
+                    "choices": choices,
+                    "predicted_peak": peak,
+                    "charged_peak": peak,
+                    "model_time": fixed_time(opts, choices),
+                    "overshoot": max(0, peak - m),
+                }
+            )
+        regimes.append({"regime": regime, "budget": m, "rows": rows})
+    return info, regimes
+
+
+# ------------------------------------------------------------------- statistics
+
+
+def ratio_ci(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float, float]:
+    """mean(a)/mean(b) with a 95% paired bootstrap interval (pairs = rounds)."""
+    ratio = statistics.fmean(a) / statistics.fmean(b)
+    rng = random.Random(seed)
+    n = len(a)
+    boot = []
+    for _ in range(4000):
+        idx = [rng.randrange(n) for _ in range(n)]
+        boot.append(sum(a[i] for i in idx) / sum(b[i] for i in idx))
+    boot.sort()
+    return ratio, boot[int(0.025 * len(boot))], boot[int(0.975 * len(boot)) - 1]
+
+
+# ------------------------------------------------------------------------- main
+
+
+def mib(n) -> str:
+    return f"{n / MIB:,.2f}"
+
+
+def short(choices) -> str:
+    return "".join(ABBREV[c] for c in choices) if choices else "-"
+
+
+def bench_workload(workload: str, rounds: int, steps: int, reps: int) -> dict:
+    print(f"[{workload}] calibrating", file=sys.stderr, flush=True)
+    cost = run_child(["_calibrate", workload, str(reps)])
+    opts = options_of(cost)
+    persistent = cost["persistent"]
+    info, regimes = policies(opts, persistent)
+    distinct: dict[str, list[str]] = {}
+    for r in regimes:
+        for row in r["rows"]:
+            if row["choices"] is not None:
+                distinct.setdefault(short(row["choices"]), row["choices"])
+    keys = sorted(distinct)
+    samples: dict[str, list[dict]] = {k: [] for k in keys}
+    rng = random.Random(1)
+    start = time.perf_counter()
+    for rnd in range(rounds):
+        order = keys[:]
+        rng.shuffle(order)
+        for k in order:
+            args = ["_run", workload, ",".join(distinct[k]), str(steps), str(int(rnd == 0))]
+            samples[k].append(run_child(args))
+        print(
+            f"\r[{workload}] round {rnd + 1}/{rounds} ({len(keys)} policies) "
+            f"{time.perf_counter() - start:6.0f}s",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(file=sys.stderr)
+    return {
+        "workload": workload,
+        "description": build(workload).description,
+        "costs": cost,
+        "persistent": persistent,
+        "info": info,
+        "regimes": regimes,
+        "samples": samples,
+    }
+
+
+def table(res: dict) -> list[str]:
+    s = res["samples"]
+    mean_t = {k: statistics.fmean(x["step_s"] for x in v) for k, v in s.items()}
+    rss = {k: statistics.median(x["rss_peak_delta"] for x in v) for k, v in s.items()}
+    tracked = {k: v[0].get("tracked_peak") for k, v in s.items()}
+    lines = [
+        f"### Workload `{res['workload']}`: {res['description']}",
+        "",
+        f"persistent P = {mib(res['persistent'])} MiB; all-eager peak "
+        f"{mib(res['info']['eager_peak'])} MiB; smallest feasible budget: joint "
+        f"{mib(res['info']['joint_min'])} MiB, eager/whole {mib(res['info']['eager_whole_min'])} MiB.",
+        "",
+        "Per-segment calibrated costs (retained / transient MiB, time ms):",
+        "",
+        "| segment | " + " | ".join(o["name"] for o in res["costs"]["segments"][0]) + " |",
+        "|---|" + "---|" * len(res["costs"]["segments"][0]),
+    ]
+    for i, seg in enumerate(res["costs"]["segments"]):
+        cells = [
+            f"{o['retained'] / MIB:.2f} / {o['transient'] / MIB:.2f} / {o['time'] * 1e3:.1f}"
+            for o in seg
+        ]
+        lines.append(f"| {i} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "| regime | budget MiB | policy | feasible | plan | predicted peak MiB "
+        "| tracked peak MiB | RSS peak MiB | overshoot MiB | mean step s | joint time / this [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in res["regimes"]:
+        joint = next(x for x in r["rows"] if x["policy"] == "joint")
+        jk = short(joint["choices"]) if joint["choices"] else None
+        for row in r["rows"]:
+            if row["choices"] is None:
+                lines.append(
+                    f"| {r['regime']} | {mib(r['budget'])} | {row['policy']} | **no** "
+                    f"(min budget {mib(row['min_budget'])}) | - | - | - | - | - | - | - |"
+                )
+                continue
+            k = short(row["choices"])
+            ts = [x["step_s"] for x in s[k]]
+            if jk and k != jk:
+                q, lo, hi = ratio_ci([x["step_s"] for x in s[jk]], ts)
+                ratio = f"{q:.3f} [{lo:.3f}, {hi:.3f}]"
+            else:
+                ratio = "1 (same plan)" if k == jk else "-"
+            static = s[k][0]["persistent"]
+            lines.append(
+                f"| {r['regime']} | {mib(r['budget'])} | {row['policy']} "
+                f"| {'yes' if row['feasible'] else '**no**'} | `{k}` | {mib(row['predicted_peak'])} "
+                f"| {mib(tracked[k]) if tracked[k] else '-'} | {mib(static + rss[k])} "
+                f"| {mib(row['overshoot'])} | {statistics.fmean(ts):.4f} | {ratio} |"
+            )
+    lines.append("")
+    lines.append(
+        f"{len(next(iter(s.values())))} fresh processes per distinct plan; plan letters: "
+        "E eager, S snapshot, J journal, R readset."
+    )
+    _ = mean_t
+    return lines
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "_calibrate":
+        print(json.dumps(child_calibrate(sys.argv[2], int(sys.argv[3]))))
+        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "_run":
+        wl, choices, steps, track = sys.argv[2:6]
+        print(json.dumps(child_run(wl, choices.split(","), int(steps), track == "1")))
+        return 0
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--rounds", default="20", help="fresh processes per plan; one, or one per workload"
+    )
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--reps", type=int, default=5, help="calibration steps per option")
+    p.add_argument("--workloads", default="queue,dense")
+    p.add_argument("--calibration", help="a costs JSON of the shape grid to summarise")
+    p.add_argument("--json", help="write the raw results here")
+    p.add_argument("--out")
+    p.add_argument("--from-json", help="rebuild the tables from a --json file (no runs)")
+    p.add_argument("--command", help="the command line to print (with --from-json)")
+    a = p.parse_args()
+    if a.from_json:
+        with open(a.from_json) as f:
+            results = json.load(f)
+    else:
+        names = a.workloads.split(",")
+        rounds = [int(r) for r in a.rounds.split(",")]
+        rounds += [rounds[-1]] * (len(names) - len(rounds))
+        results = [
+            bench_workload(w, r, a.steps, a.reps) for w, r in zip(names, rounds, strict=False)
+        ]
+    command = a.command or f"python benchmarks/bench_budgets.py {' '.join(sys.argv[1:])}"
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs (shared), 2 threads; "
+        "see the script's docstring for the method.",
+        "",
+    ]
+    if a.calibration:
+        doc = json.loads(open(a.calibration).read())
+        lines += ["## Calibration grid", "", cal.summary(doc)]
+    lines += ["## Budget regimes", ""]
+    for res in results:
+        lines += table(res) + [""]
+    md = "\n".join(lines) + "\n"
+    print(md)
+    if a.json and not a.from_json:
+        with open(a.json, "w") as f:
+            json.dump(results, f, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
