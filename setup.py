@@ -3,6 +3,8 @@
 Build knobs (environment variables, documented in README.md "Build knobs"):
   TORCH_REPLAY_DEBUG=1      compile with -O0 -g and assertions.
   TORCH_REPLAY_NO_CUDA=1    never build the CUDA kernels, even with a CUDA torch.
+  TORCH_REPLAY_SKIP_EXT=1   register the package without building the extension
+                            (scripts/setup.sh then builds it in place, incrementally).
   MAX_JOBS=N                parallel compile jobs (torch's own knob).
 
 Always build with ``pip install --no-build-isolation -e .`` so the extension
@@ -55,6 +57,6 @@ def _extension():
 
 
 setup(
-    ext_modules=[_extension()],
+    ext_modules=[] if os.environ.get("TORCH_REPLAY_SKIP_EXT", "0") == "1" else [_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -49,7 +49,7 @@ stamp="$VENV/.torch_replay_installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
    || ! "$PY" -m pip show -q torch_replay >/dev/null 2>&1; then
   log "installing the package (pip install --no-build-isolation -e .)"
-  "$PY" -m pip install -q --no-build-isolation --no-deps -e .
+  TORCH_REPLAY_SKIP_EXT=1 "$PY" -m pip install -q --no-build-isolation --no-deps -e .
   touch "$stamp"
 fi
 log "building the extension (setup.py build_ext --inplace)"

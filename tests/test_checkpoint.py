@@ -737,3 +737,18 @@ def test_without_observer_declared_state_uses_the_snapshot():
     x.grad = None
     m(x).sum().backward()
     assert torch.equal(ref, x.grad)
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+def test_read_through_a_temporary_view_is_checked(reentrant):
+    # Found by the cohort suite: the view dies after the forward, its base's
+    # version counter still moves.
+    torch.manual_seed(0)
+    buf = torch.randn(6)
+    lin = nn.Linear(4, 4)
+    x = torch.randn(4, requires_grad=True)
+    y = tr.checkpoint(lambda i: torch.tanh(lin(i) + buf[:4]), x, use_reentrant=reentrant)
+    with torch.no_grad():
+        buf.mul_(2.0)
+    with pytest.raises(tr.StateMutationError):
+        y.sum().backward()

@@ -98,8 +98,13 @@ std::string describe(const at::Tensor& t) {
   return os.str();
 }
 
+int64_t counter_version(const c10::VariableVersion& counter) {
+  return counter.enabled() ? static_cast<int64_t>(counter.current_version())
+                           : 0;
+}
+
 int64_t version_of(c10::TensorImpl* impl) {
-  return static_cast<int64_t>(impl->version_counter().current_version());
+  return counter_version(impl->version_counter());
 }
 
 void set_version_of(c10::TensorImpl* impl, int64_t version) {
@@ -429,16 +434,15 @@ void Transaction::forward_access(
     }
   } else if (options_.watch_reads) {
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-    if (!reads_.count(impl)) {
-      reads_.emplace(
-          impl,
-          Watched{
-              c10::
-                  weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-                      t.getIntrusivePtr()),
-              version_of(impl),
-              key});
+    auto it = reads_.find(impl);
+    if (it != reads_.end() && !it->second.impl.expired()) {
+      return;  // already watched
     }
+    if (it != reads_.end()) {  // the address was reused: keep the old counter
+      reads_of_freed_.push_back(std::move(it->second));
+      reads_.erase(it);
+    }
+    reads_.emplace(impl, watch(t, key));
   }
 }
 
@@ -471,16 +475,21 @@ void Transaction::after_op(
   }
 }
 
+Transaction::Watched Transaction::watch(const at::Tensor& t, StorageKey key) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  return Watched{
+      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+          t.getIntrusivePtr()),
+      impl->version_counter(),
+      version_of(impl),
+      key};
+}
+
 void Transaction::record_saved(const at::Tensor& t) {
   if (!observable(t) || declared_.count(storage_key(t))) {
     return;
   }
-  saved_.push_back(
-      Watched{
-          c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-              t.getIntrusivePtr()),
-          version_of(t.unsafeGetTensorImpl()),
-          storage_key(t)});
+  saved_.push_back(watch(t, storage_key(t)));
 }
 
 void Transaction::end_forward() {
@@ -541,10 +550,12 @@ void Transaction::end_forward() {
   for (const auto& [key, ranges] : footprint_) {
     end_hashes_.add(key, resolve(key), ranges);
   }
+  // Reads are checked for changes after the forward (its own writes count).
   for (auto& [impl, w] : reads_) {
-    if (auto strong = w.impl.lock()) {
-      w.version = version_of(strong.get());
-    }
+    w.version = counter_version(w.counter);
+  }
+  for (auto& w : reads_of_freed_) {
+    w.version = counter_version(w.counter);
   }
   phase_ = Phase::kForwardDone;
 }
@@ -572,12 +583,12 @@ void Transaction::abort_forward() {
 
 void Transaction::check_unchanged() const {
   auto check = [this](const Watched& w, const char* what) {
-    auto strong = w.impl.lock();
-    if (strong && version_of(strong.get()) != w.version) {
+    const int64_t now = counter_version(w.counter);
+    if (now != w.version) {
       std::ostringstream os;
       os << "a tensor the checkpointed segment " << what
          << " was modified in place after the forward (version " << w.version
-         << " -> " << version_of(strong.get())
+         << " -> " << now
          << "), so the re-run would compute different values. Declare it in "
             "state= so its forward value is preserved, or do not modify it "
             "before backward.";
@@ -588,6 +599,9 @@ void Transaction::check_unchanged() const {
     check(w, "saved for backward");
   }
   for (const auto& [impl, w] : reads_) {
+    check(w, "read");
+  }
+  for (const auto& w : reads_of_freed_) {
     check(w, "read");
   }
 }

@@ -152,8 +152,12 @@ class Transaction {
     std::string name;
     std::vector<at::Tensor> tensors;
   };
+  // A tensor whose version counter must not move before the replay. The
+  // counter itself is held (it is shared by a base and all its views), so a
+  // read through a temporary view stays watched after the view is freed.
   struct Watched {
     c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl> impl;
+    c10::VariableVersion counter;
     int64_t version;
     StorageKey key;
   };
@@ -168,6 +172,7 @@ class Transaction {
   void replay_access(
       const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
   void track_default_generator(const c10::Device& device);
+  Watched watch(const at::Tensor& t, StorageKey key);
   // Records t's version counter (once per tensor) to put back after a replay.
   void remember_version(const at::Tensor& t);
   void rollback();
@@ -188,7 +193,8 @@ class Transaction {
   std::map<StorageKey, RangeSet> footprint_, writes_;
   std::vector<c10::Device> devices_seen_;
   std::vector<Watched> saved_;
-  std::unordered_map<c10::TensorImpl*, Watched> reads_;
+  std::unordered_map<c10::TensorImpl*, Watched> reads_;  // by live tensor
+  std::vector<Watched> reads_of_freed_;  // reads by tensors freed since
   // Tensors made (in the forward) from values that require grad, which
   // grad mode cannot show when the forward runs under no_grad (reentrant).
   std::unordered_map<
