@@ -6,6 +6,7 @@ See README.md. The public names are fixed by SPEC section 5.
 from __future__ import annotations
 
 from . import schedule
+from .audit import audit
 from .checkpoint import ReplayConfig, checkpoint, checkpoint_sequential, config, last_transaction
 from .errors import (
     InfeasibleBudgetError,
@@ -30,6 +31,7 @@ __all__ = [
     "StateMutationError",
     "UnsupportedReplayError",
     "__version__",
+    "audit",
     "checkpoint",
     "checkpoint_sequential",
     "config",
