@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/byte_ranges.h"
 
@@ -41,6 +42,14 @@ class ByteDevice {
   // Writes a blob made by gather() with the same `ranges` back to `base`.
   virtual void scatter(
       uint8_t* base, const RangeSet& ranges, const Blob& blob) = 0;
+  // Writes part of a blob back: range i of `dst` receives the bytes starting
+  // at blob_offsets[i] in `blob`. Precondition: one offset per range, each
+  // range's bytes inside the blob.
+  virtual void scatter_at(
+      uint8_t* base,
+      const RangeSet& dst,
+      const Blob& blob,
+      const std::vector<int64_t>& blob_offsets) = 0;
   // Position-dependent 128-bit hash of the bytes of `ranges`
   // (see hash_ranges in byte_kernels.h: every device computes the same value).
   virtual Hash128 hash(const uint8_t* base, const RangeSet& ranges) = 0;

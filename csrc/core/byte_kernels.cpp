@@ -23,6 +23,20 @@ void scatter_ranges(
   }
 }
 
+void scatter_ranges_at(
+    uint8_t* base,
+    const int64_t* ranges,
+    int64_t n,
+    const uint8_t* src,
+    const int64_t* offsets) {
+  for (int64_t i = 0; i < n; ++i) {
+    std::memcpy(
+        base + ranges[2 * i],
+        src + offsets[i],
+        ranges[2 * i + 1] - ranges[2 * i]);
+  }
+}
+
 Hash128 hash_ranges(const uint8_t* base, const int64_t* ranges, int64_t n) {
   constexpr uint64_t k0 = 0xA0761D6478BD642FULL;
   constexpr uint64_t k1 = 0xE7037ED1A0B428DBULL;
@@ -89,6 +103,16 @@ class HostDevice final : public ByteDevice {
     const auto& host = dynamic_cast<const HostBlob&>(blob);
     auto flat = flatten(ranges);
     scatter_ranges(base, flat.data(), flat.size() / 2, host.data());
+  }
+  void scatter_at(
+      uint8_t* base,
+      const RangeSet& dst,
+      const Blob& blob,
+      const std::vector<int64_t>& blob_offsets) override {
+    const auto& host = dynamic_cast<const HostBlob&>(blob);
+    auto flat = flatten(dst);
+    scatter_ranges_at(
+        base, flat.data(), flat.size() / 2, host.data(), blob_offsets.data());
   }
   Hash128 hash(const uint8_t* base, const RangeSet& ranges) override {
     auto flat = flatten(ranges);

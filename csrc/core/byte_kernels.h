@@ -16,6 +16,13 @@ void gather_ranges(
     const uint8_t* base, const int64_t* ranges, int64_t n, uint8_t* dst);
 void scatter_ranges(
     uint8_t* base, const int64_t* ranges, int64_t n, const uint8_t* src);
+// Like scatter_ranges, but range i reads from src + offsets[i].
+void scatter_ranges_at(
+    uint8_t* base,
+    const int64_t* ranges,
+    int64_t n,
+    const uint8_t* src,
+    const int64_t* offsets);
 
 // Note [Range hash]
 // hash = sum over 8-byte words w at byte offset p (the last word of a range

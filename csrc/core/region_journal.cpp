@@ -1,5 +1,7 @@
 #include "core/region_journal.h"
 
+#include <vector>
+
 #include "core/status.h"
 
 namespace torch_replay {
@@ -55,16 +57,50 @@ void RegionJournal::trim_locked() {
   }
 }
 
+// Undoing newest first writes a byte once per entry that covers it, which is
+// quadratic in the number of live versions when writes are dense. The result
+// is the same if each byte is written once, from the OLDEST entry at or after
+// `seq` that covers it (Note [Region journal]): walk oldest first and write
+// only the bytes no older entry has written.
 void RegionJournal::undo_to(int64_t seq, const Resolver& resolve) const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!entries_.empty() && entries_.front().seq > seq) {
     throw ReplayException(
         ErrorKind::kInternal, "journal: entries needed for undo were dropped");
   }
-  for (auto it = entries_.rbegin(); it != entries_.rend() && it->seq >= seq;
-       ++it) {
-    StorageRef storage = resolve(it->key);
-    storage.device->scatter(storage.base, it->ranges, *it->old_bytes);
+  std::map<StorageKey, RangeSet> done;
+  for (const auto& e : entries_) {
+    if (e.seq < seq) {
+      continue;
+    }
+    StorageRef storage = resolve(e.key);
+    if (storage.base == nullptr) {
+      continue;  // the storage is gone: nothing to restore
+    }
+    RangeSet& written = done[e.key];
+    RangeSet fresh = e.ranges.subtract(written);
+    if (fresh.empty()) {
+      continue;
+    }
+    if (fresh == e.ranges) {
+      storage.device->scatter(storage.base, e.ranges, *e.old_bytes);
+    } else {
+      // Offset of each fresh range inside the entry's packed bytes.
+      std::vector<int64_t> offsets;
+      offsets.reserve(fresh.ranges().size());
+      const auto& src = e.ranges.ranges();
+      size_t r = 0;
+      int64_t packed = 0;
+      for (const auto& f : fresh.ranges()) {
+        while (src[r].end <= f.begin) {
+          packed += src[r].size();
+          ++r;
+        }
+        offsets.push_back(packed + (f.begin - src[r].begin));
+      }
+      storage.device->scatter_at(storage.base, fresh, *e.old_bytes, offsets);
+    }
+    written.add(fresh);
   }
 }
 

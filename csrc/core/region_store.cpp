@@ -38,8 +38,8 @@ RangeSet RegionStore::save(
 
 void RegionStore::restore(StorageKey key, const StorageRef& storage) const {
   auto it = entries_.find(key);
-  if (it == entries_.end()) {
-    return;
+  if (it == entries_.end() || storage.base == nullptr) {
+    return;  // nothing saved, or the storage is gone
   }
   for (const auto& piece : it->second.pieces) {
     storage.device->scatter(storage.base, piece.ranges, *piece.blob);
@@ -85,6 +85,9 @@ void FootprintHashes::add(
 StorageKey FootprintHashes::first_mismatch(const Resolver& resolve) const {
   for (const auto& [key, entry] : entries_) {
     StorageRef storage = resolve(key);
+    if (storage.base == nullptr) {
+      continue;  // the storage is gone: nothing can read it any more
+    }
     for (const auto& [ranges, hash] : entry.pieces) {
       if (storage.device->hash(storage.base, ranges) != hash) {
         return key;

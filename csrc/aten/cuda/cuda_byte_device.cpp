@@ -45,13 +45,21 @@ struct DeviceRanges {
   int64_t n = 0;
 };
 
-DeviceRanges upload(const RangeSet& set, cudaStream_t stream) {
-  std::vector<int64_t> flat, offsets;
+// `offsets` (optional): where each range's bytes are in the blob; packed in
+// range order when empty.
+DeviceRanges upload(
+    const RangeSet& set,
+    cudaStream_t stream,
+    std::vector<int64_t> offsets = {}) {
+  std::vector<int64_t> flat;
+  const bool packed = offsets.empty();
   int64_t total = 0;
   for (const auto& r : set.ranges()) {
     flat.push_back(r.begin);
     flat.push_back(r.end);
-    offsets.push_back(total);
+    if (packed) {
+      offsets.push_back(total);
+    }
     total += r.size();
   }
   DeviceRanges out;
@@ -106,6 +114,23 @@ class CudaDevice final : public ByteDevice {
     c10::cuda::CUDAGuard guard(device_of(base));
     cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     DeviceRanges d = upload(ranges, stream);
+    check(
+        cuda::scatter_ranges(
+            base,
+            static_cast<const int64_t*>(d.ranges.get()),
+            static_cast<const int64_t*>(d.offsets.get()),
+            d.n,
+            dynamic_cast<const CudaBlob&>(blob).data(),
+            stream));
+  }
+  void scatter_at(
+      uint8_t* base,
+      const RangeSet& dst,
+      const Blob& blob,
+      const std::vector<int64_t>& blob_offsets) override {
+    c10::cuda::CUDAGuard guard(device_of(base));
+    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    DeviceRanges d = upload(dst, stream, blob_offsets);
     check(
         cuda::scatter_ranges(
             base,
