@@ -752,3 +752,14 @@ def test_read_through_a_temporary_view_is_checked(reentrant):
         buf.mul_(2.0)
     with pytest.raises(tr.StateMutationError):
         y.sum().backward()
+
+
+def test_debug_flag_runs_like_torch():
+    def run(ckpt):
+        torch.manual_seed(0)
+        lin = nn.Linear(4, 4)
+        x = torch.randn(2, 4, requires_grad=True)
+        ckpt(lin, x, use_reentrant=False, debug=True).sum().backward()
+        return grads(x, lin.weight)
+
+    assert_bitwise(run(tr.checkpoint), run(tcp.checkpoint))
