@@ -133,12 +133,18 @@ def run_pass(compiled_graph: Any, example_inputs: Any, kind: str, config: PassCo
     source = getattr(compiled_graph, "source_code", None)
     if not isinstance(source, str) or getattr(compiled_graph, "current_callable", None) is None:
         return _unchanged(kind, f"{type(compiled_graph).__name__} has no Python wrapper", config)
+    from inductor_pass import guard
     from inductor_pass.rewrite import optimize_wrapper
 
     try:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
 
         glob, call, partitions = _module_parts(compiled_graph)
+        if guard.needs_real_inputs(example_inputs):
+            compiled_graph.current_callable = _FirstCallPass(
+                source, glob, call, partitions, kind, config
+            )
+            return None
         with unset_fake_temporarily():
             rep, new_call, new_runner = optimize_wrapper(
                 source,
@@ -163,6 +169,56 @@ def run_pass(compiled_graph: Any, example_inputs: Any, kind: str, config: PassCo
         rep.notes.append(traceback.format_exc(limit=6))
     record(rep, print_it=config.report, dump_dir=config.dump_dir)
     return None
+
+
+class _FirstCallPass:
+    """Run the pass at the first call, on a copy of that call's real inputs.
+
+    Used for graphs with integer tensor inputs (indices, Inductor's int8
+    max-pool offsets), for which fabricated inputs could index out of bounds.
+    The first call itself runs the original program (after the pass's own runs
+    on copies); later calls run the permuted program when it was deployed. The
+    report is recorded at the first call.
+    """
+
+    def __init__(self, source, glob, call, partitions, kind, config) -> None:
+        self.impl = call
+        self._pending = (source, glob, partitions, kind, config)
+
+    def __call__(self, args: list[Any]) -> Any:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._run_pass(args, *pending)
+            call = self.impl
+            self.impl = self._next if self._next is not None else call
+            return call(args)
+        return self.impl(args)
+
+    def _run_pass(self, args, source, glob, partitions, kind, config) -> None:
+        from inductor_pass.rewrite import optimize_wrapper
+
+        self._next = None
+        try:
+            rep, new_call, _ = optimize_wrapper(
+                source,
+                glob,
+                [],
+                original_call=self.impl,
+                partitions=partitions,
+                config=config,
+                kind=kind,
+                real_inputs=list(args),
+            )
+            self._next = new_call
+            rep.notes.append("profiled on a copy of the first call's real inputs")
+        except Exception as exc:
+            rep = GraphReport(
+                kind=kind,
+                original_source=source,
+                reason=f"left unchanged: pass failed ({type(exc).__name__}: {exc})",
+            )
+            rep.notes.append(traceback.format_exc(limit=6))
+        record(rep, print_it=config.report, dump_dir=config.dump_dir)
 
 
 @contextlib.contextmanager

@@ -32,6 +32,8 @@ __all__ = [
     "counting_window",
     "build_call",
     "make_real_inputs",
+    "needs_real_inputs",
+    "copy_real_inputs",
     "EffectsProfile",
     "profile_effects",
     "profile_memory",
@@ -137,6 +139,38 @@ def make_real_inputs(example_inputs: Sequence[Any], seed: int = 0) -> list[Any]:
                 t = torch.empty_strided(size, stride, dtype=x.dtype, device=x.device).copy_(t)
             out.append(t.requires_grad_(False))
     return out
+
+
+def needs_real_inputs(example_inputs: Sequence[Any]) -> bool:
+    """Whether fabricated inputs could be invalid for the graph: an integer tensor input.
+
+    Integer tensors are often indices (gathers, embeddings, Inductor's int8
+    max-pool window offsets): fabricated values can index out of bounds, so
+    such graphs are profiled on a copy of their first real inputs instead.
+    """
+    found = False
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            return False  # dynamic shapes: left unchanged by the compile-time path
+        if not isinstance(x, torch.Tensor):
+            continue
+        if any(not isinstance(s, int) for s in (*x.shape, *x.stride(), x.storage_offset())):
+            return False
+        if x.dtype != torch.bool and not (x.dtype.is_floating_point or x.dtype.is_complex):
+            found = True
+    return found
+
+
+def copy_real_inputs(inputs: Sequence[Any]) -> list[Any]:
+    """Detached copies (same strides) of real inputs; non-tensors are passed through.
+
+    Raises:
+        DynamicShapes: An input is a symbolic integer.
+    """
+    if any(isinstance(x, torch.SymInt) for x in inputs):
+        raise DynamicShapes("symbolic integer input")
+    with torch.no_grad():
+        return [x.detach() if isinstance(x, torch.Tensor) else x for x in _clone_inputs(inputs)]
 
 
 def _clone_inputs(inputs: Sequence[Any]) -> list[Any]:

@@ -56,6 +56,7 @@ def optimize_wrapper(
     partitions: Any = None,
     config: PassConfig,
     kind: str = "inference",
+    real_inputs: Sequence[Any] | None = None,
 ) -> tuple[GraphReport, Callable[[list[Any]], Any] | None, Any]:
     """Run the pass on one wrapper and decide whether to deploy the permuted program.
 
@@ -67,6 +68,8 @@ def optimize_wrapper(
         partitions: ``runner.partitions`` of the loaded module, if any.
         config: Pass options.
         kind: ``"forward"``, ``"backward"`` or ``"inference"`` (for the report).
+        real_inputs: Real inputs to profile with (copied, never modified) instead of
+            inputs fabricated from ``example_inputs``.
 
     Returns:
         ``(report, call, runner)``: ``call`` is the permuted program's callable
@@ -95,7 +98,10 @@ def optimize_wrapper(
     if original_call is None:
         original_call, _ = guard.build_call(source, base_globals, partitions=partitions)
     try:
-        inputs = guard.make_real_inputs(example_inputs)
+        if real_inputs is not None:
+            inputs = guard.copy_real_inputs(real_inputs)
+        else:
+            inputs = guard.make_real_inputs(example_inputs)
     except guard.DynamicShapes as exc:
         return done(f"left unchanged: dynamic shapes ({exc}); a peak is certified per size")
     devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}

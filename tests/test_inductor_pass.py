@@ -395,6 +395,38 @@ def test_training_step_bitwise_equal_to_inductor(make, shape):
         assert bw.measured_permuted_peak < bw.measured_original_peak
 
 
+class PoolNet(torch.nn.Module):
+    """Max-pool with padding: the backward graph takes int8 window offsets as an input."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.p = torch.nn.MaxPool2d(3, 2, 1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(self.p(torch.relu(self.c(x))).mean((2, 3)))
+
+
+def test_integer_inputs_are_profiled_on_the_first_real_call():
+    # Fabricated offsets/indices could index out of bounds; the real ones cannot.
+    torch.manual_seed(0)
+    model = PoolNet()
+    x = torch.randn(2, 3, 16, 16)
+    inductor_pass.clear_reports()
+    ref = _train_step(model, x, "inductor")
+    got = _train_step(model, x, "torch_replay")
+    reps = inductor_pass.reports()
+    assert {r.kind for r in reps} == {"forward", "backward"}
+    _check_reports(reps)
+    for a, b in zip([ref[0], *ref[1], *ref[2]], [got[0], *got[1], *got[2]], strict=True):
+        assert torch.equal(a, b)
+    from inductor_pass import guard
+
+    assert not guard.needs_real_inputs([torch.ones(2), torch.zeros(2, dtype=torch.bool)])
+    assert guard.needs_real_inputs([torch.ones(2), torch.zeros(2, dtype=torch.int8)])
+
+
 def test_inference_graph_and_reports_fields():
     torch.manual_seed(0)
     model = Branchy().eval()
