@@ -8,9 +8,11 @@ the full sizes here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import struct
+import sys
 
 import pytest
 import torch
@@ -29,7 +31,8 @@ def test_reference_suite_meets_every_target_at_ci_size(name, size):
     assert not failed, failed
 
 
-def test_cohort_pattern_at_ci_size():
+def test_cohort_pattern_at_ci_size(monkeypatch):
+    monkeypatch.setitem(sys.modules, "jax", None)  # torch side only (JAX: test below)
     r = suites.run_suite("cohort", seed=420000, programs=2)
     failed = [t for t in r.targets if not t["passed"]]
     assert not failed, failed
@@ -43,6 +46,102 @@ def test_cohort_pattern_at_ci_size():
     assert all(v["rejected"] == 2 for v in s["overlapping copy"].values())
     # One record per execution: eager + 9 methods x (RNG on, off), overlap: eager + 9.
     assert len(r.records) == 2 * (4 * 19 + 10)
+    assert r.measured["jax"].startswith("not installed: JAX family skipped")
+    assert "JAX: not installed" in suites._markdown([r], "cmd")
+
+
+def _overlap_as_temporary(spec):
+    ops = [("tempcopy", *o[1:]) if o[0] == "rawcopy" else o for o in spec.ops]
+    return dataclasses.replace(spec, ops=ops)
+
+
+def test_jax_cohort_pattern():
+    jax = pytest.importorskip(
+        "jax", reason="the cohort's JAX family needs jax (pin: jax[cpu]==0.10.2)"
+    )
+    import jax.numpy as jnp
+    import numpy as np
+
+    records = []
+    with jax.enable_x64(True):
+        # One small seed (width 4, a typed-alias write) as each kind: the programs share
+        # most operations, so JAX compiles each eager op once (CI time).
+        for kind in ("local", "hidden", "overlap"):
+            spec = suites._cohort_spec(4200018, kind)
+            if kind == "overlap":
+                with pytest.raises(RuntimeError):  # torch refuses the raw overlapping copy...
+                    suites._run_cohort(spec, "eager", True)
+            # ...so JAX's functional copy is compared with the copy through a temporary.
+            torch_ref = suites._run_cohort(_overlap_as_temporary(spec), "eager", True)
+            recs = suites._cohort_jax(spec, torch_ref)
+            by = {r["method"]: r for r in recs}
+            assert [r["method"] for r in recs] == list(suites.JAX_METHODS)
+            right = (*suites.JAX_FUNCTIONAL, "jax-torch-draws", "jax-holder-eager")
+            assert {m: by[m]["outcome"] for m in right} == dict.fromkeys(right, "matched")
+            assert by["jax-checkpoint"]["bitwise"] and by["jax-checkpoint-dots"]["bitwise"]
+            # JAX itself raises: the immutable-array TypeError, a tracer reaching NumPy,
+            # the holder's leaked tracer when the next step reads its key.
+            assert (by["jax-inplace"]["outcome"], by["jax-inplace"]["error"]) == (
+                "rejected",
+                "TypeError",
+            )
+            assert by["jax-numpy-checkpoint"]["error"] == "TracerArrayConversionError"
+            assert by["jax-holder-checkpoint"]["error"] == "UnexpectedTracerError"
+            records += recs
+
+            # Independent reference: torch autograd on the same program, computed here, and
+            # central differences of the JAX lowering's loss in x.
+            c = suites._jax_constants(spec)
+            got = suites._run_jax(spec, "jax-torch-draws", c)
+            assert np.allclose(got["grads"][0], torch_ref["grads"][0].numpy(), rtol=1e-12)
+            assert np.allclose(got["grads"][1], torch_ref["grads"][1].numpy(), rtol=1e-12)
+            assert math.isclose(float(got["loss"]), float(torch_ref["loss"]), rel_tol=1e-12)
+            seg_a, seg_b = suites._jax_segments(spec, c)
+            keys = (jax.random.PRNGKey(spec.seed + 3), jax.random.PRNGKey(spec.seed + 1))
+            state = {n: jnp.asarray(v) for n, v in c["state"].items()}
+
+            def loss(x, seg_a=seg_a, seg_b=seg_b, keys=keys, state=state, c=c, kind=kind):
+                y, stats, _ = seg_a(jnp.asarray(c["w"]), x, state, keys, None)
+                st = {**state, "stats": stats} if kind == "hidden" else state
+                return float((y * c["loss_w"]).sum() + seg_b(y, st)[0].sum())
+
+            ref = suites._run_jax(spec, "jax-eager", c)
+            x0, h = c["x"], 1e-6
+            for i in range(2):
+                e = np.zeros_like(x0)
+                e[i] = h
+                fd = (loss(jnp.asarray(x0 + e)) - loss(jnp.asarray(x0 - e))) / (2 * h)
+                assert abs(fd - ref["grads"][0][i]) < 1e-6
+
+    # The classification is not vacuous: a changed gradient or state is "wrong".
+    bad = {**ref, "grads": [ref["grads"][0] + 1e-15, ref["grads"][1]]}
+    assert suites._jax_compare(spec, ref, bad, None)["outcome"] == "wrong"
+    bad = {**ref, "state": {**ref["state"], "ptr": ref["state"]["ptr"] + 1}}
+    assert suites._jax_compare(spec, ref, bad, 1e-12)["outcome"] == "wrong"
+    targets = suites._jax_targets(records)
+    assert all(t["passed"] for t in targets), targets
+
+
+def test_jax_rejections_are_jax_behaviour():
+    jax = pytest.importorskip(
+        "jax", reason="the cohort's JAX family needs jax (pin: jax[cpu]==0.10.2)"
+    )
+    import jax.numpy as jnp
+
+    with pytest.raises(TypeError, match="immutable"):
+        jnp.zeros(3)[0] = 1.0
+    holder = type("Holder", (), {})()
+    holder.key = jax.random.PRNGKey(0)
+
+    def f(x):
+        holder.key, sub = jax.random.split(holder.key)
+        return (x * jax.random.uniform(sub, (3,))).sum()
+
+    jax.grad(f)(jnp.ones(3))
+    jax.random.split(holder.key)  # eager: the holder is fine
+    jax.grad(jax.checkpoint(f))(jnp.ones(3))
+    with pytest.raises(jax.errors.UnexpectedTracerError):
+        jax.random.split(holder.key)  # checkpointed: the key leaked out of the trace
 
 
 @pytest.mark.slow
