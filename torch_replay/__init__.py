@@ -16,6 +16,7 @@ from .errors import (
     StateMutationError,
     UnsupportedReplayError,
 )
+from .planned import PlannedSequential
 from .planner import Option, Plan, plan
 
 __version__ = "0.1.0"
@@ -25,6 +26,7 @@ __all__ = [
     "Option",
     "OverlapError",
     "Plan",
+    "PlannedSequential",
     "ReplayConfig",
     "ReplayError",
     "RngMismatchError",
