@@ -25,12 +25,23 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 def _sources(pattern: str) -> list[str]:
     files = sorted(glob.glob(os.path.join(ROOT, pattern)))
-    return [os.path.relpath(f, ROOT) for f in files if not f.endswith("_test.cpp")]
+    # Tests (GoogleTest *_test.cpp, the standalone CUDA *_test.cu) have their own main().
+    return [
+        os.path.relpath(f, ROOT)
+        for f in files
+        if not os.path.splitext(os.path.basename(f))[0].endswith("_test")
+    ]
+
+
+def _cxx_standard() -> str:
+    # torch 2.14's headers require C++20; older ones build with C++17.
+    major, minor = (int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
+    return "-std=c++20" if (major, minor) >= (2, 14) else "-std=c++17"
 
 
 def _extension():
     debug = os.environ.get("TORCH_REPLAY_DEBUG", "0") == "1"
-    cxx = ["-std=c++17", "-O0" if debug else "-O3", "-fvisibility=hidden"]
+    cxx = [_cxx_standard(), "-O0" if debug else "-O3", "-fvisibility=hidden"]
     if debug:
         cxx += ["-g", "-DTORCH_REPLAY_DEBUG"]
     sources = (

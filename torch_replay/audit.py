@@ -308,7 +308,10 @@ class _Auditor:
                 k = _key(t)
                 if k is not None and k not in self.pre and k not in input_keys:
                     # A fresh storage (possibly at a reused address): a new epoch.
-                    self.created_in[k] = where
+                    # Only forward creations name a storage's origin: the backward
+                    # can reuse an address after the verdict's storage was freed.
+                    if self.phase == "forward":
+                        self.created_in[k] = where
                     self.epoch[k] = self.epoch.get(k, 0) + 1
 
     def inside(self, seg: _SegState, where: str | None) -> bool:
