@@ -1,6 +1,7 @@
 #include "core/byte_kernels.h"
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 namespace torch_replay {
@@ -74,19 +75,23 @@ std::vector<int64_t> flatten(const RangeSet& ranges) {
 
 class HostBlob final : public Blob {
  public:
-  explicit HostBlob(int64_t n) : bytes_(static_cast<size_t>(n)) {}
+  // Uninitialised on purpose: gather() writes every byte, and zero-filling
+  // first would double the memory traffic of a snapshot.
+  explicit HostBlob(int64_t n)
+      : bytes_(new uint8_t[static_cast<size_t>(n)]), n_(n) {}
   int64_t nbytes() const override {
-    return static_cast<int64_t>(bytes_.size());
+    return n_;
   }
   uint8_t* data() {
-    return bytes_.data();
+    return bytes_.get();
   }
   const uint8_t* data() const {
-    return bytes_.data();
+    return bytes_.get();
   }
 
  private:
-  std::vector<uint8_t> bytes_;
+  std::unique_ptr<uint8_t[]> bytes_;
+  int64_t n_;
 };
 
 class HostDevice final : public ByteDevice {
