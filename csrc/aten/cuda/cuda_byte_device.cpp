@@ -111,17 +111,7 @@ class CudaDevice final : public ByteDevice {
   }
   void scatter(
       uint8_t* base, const RangeSet& ranges, const Blob& blob) override {
-    c10::cuda::CUDAGuard guard(device_of(base));
-    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-    DeviceRanges d = upload(ranges, stream);
-    check(
-        cuda::scatter_ranges(
-            base,
-            static_cast<const int64_t*>(d.ranges.get()),
-            static_cast<const int64_t*>(d.offsets.get()),
-            d.n,
-            dynamic_cast<const CudaBlob&>(blob).data(),
-            stream));
+    scatter_at(base, ranges, blob, {});  // no offsets: packed in range order
   }
   void scatter_at(
       uint8_t* base,
