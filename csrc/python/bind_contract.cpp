@@ -19,18 +19,6 @@ namespace {
 
 using namespace torch_replay::contract;
 
-template <typename Fn>
-auto translate(Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const ReplayException& e) {
-    if (e.kind() == ErrorKind::kInvalidArgument) {
-      throw py::value_error(e.what());
-    }
-    throw std::runtime_error(e.what());
-  }
-}
-
 py::bytes to_bytes(const std::vector<uint8_t>& v) {
   return py::bytes(reinterpret_cast<const char*>(v.data()), v.size());
 }
@@ -159,15 +147,15 @@ TORCH_REPLAY_BINDINGS(contract) {
       "generate_program",
       [](uint64_t seed, const py::kwargs& kw) {
         GeneratorOptions o = options_from(kw);
-        return translate([&] { return generate_program(seed, o); });
+        return translate_errors([&] { return generate_program(seed, o); });
       },
       py::arg("seed"),
       "A seeded random program; keyword options as GeneratorOptions.");
   c.def("evaluate", [](const Program& p) {
-    return translate([&] { return evaluate(p); });
+    return translate_errors([&] { return evaluate(p); });
   });
   c.def("check_numeric", [](const Program& p) {
-    NumericResult r = translate([&] { return check_numeric(p); });
+    NumericResult r = translate_errors([&] { return check_numeric(p); });
     py::dict d;
     d["outputs_exact"] = r.outputs_exact;
     d["max_grad_mismatch"] = r.max_grad_mismatch;
@@ -178,7 +166,7 @@ TORCH_REPLAY_BINDINGS(contract) {
     return d;
   });
   c.def("check_bytes", [](const Program& p) {
-    BytesResult r = translate([&] { return check_bytes(p); });
+    BytesResult r = translate_errors([&] { return check_bytes(p); });
     py::dict d;
     d["segments"] = r.segments;
     d["snapshot_ok"] = r.snapshot_ok;
@@ -193,8 +181,8 @@ TORCH_REPLAY_BINDINGS(contract) {
     return d;
   });
   c.def("check_engine", [](const Program& p, const std::string& engine) {
-    EngineResult r =
-        translate([&] { return check_engine(p, parse_engine_kind(engine)); });
+    EngineResult r = translate_errors(
+        [&] { return check_engine(p, parse_engine_kind(engine)); });
     py::dict d;
     d["refused"] = r.refused;
     d["max_grad_error"] = r.max_grad_error;
@@ -205,7 +193,8 @@ TORCH_REPLAY_BINDINGS(contract) {
     return d;
   });
   c.def("check_complex_step", [](const Program& p) {
-    ComplexStepResult r = translate([&] { return check_complex_step(p); });
+    ComplexStepResult r =
+        translate_errors([&] { return check_complex_step(p); });
     py::dict d;
     d["coordinates"] = r.coordinates;
     d["unsupported"] = r.unsupported;

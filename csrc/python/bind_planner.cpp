@@ -21,20 +21,6 @@ namespace {
 
 using OptionTuple = std::tuple<int64_t, int64_t, double>;
 
-// Runs `fn`, turning the core's ReplayException into Python errors: bad
-// input becomes ValueError, anything else RuntimeError.
-template <typename Fn>
-auto translate(Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const ReplayException& e) {
-    if (e.kind() == ErrorKind::kInvalidArgument) {
-      throw py::value_error(e.what());
-    }
-    throw std::runtime_error(e.what());
-  }
-}
-
 std::unique_ptr<ParetoPlanner> make_planner(
     const std::vector<std::vector<OptionTuple>>& segments, int64_t persistent) {
   std::vector<std::vector<PlannerOption>> core(segments.size());
@@ -43,7 +29,7 @@ std::unique_ptr<ParetoPlanner> make_planner(
       core[s].push_back({retained, transient, time});
     }
   }
-  return translate([&] {
+  return translate_errors([&] {
     return std::make_unique<ParetoPlanner>(std::move(core), persistent);
   });
 }
@@ -106,7 +92,8 @@ TORCH_REPLAY_BINDINGS(planner) {
             settings.dominance = parse_dominance(dominance);
             settings.time_bound = time_bound;
             py::gil_scoped_release release;
-            return translate([&] { return self.solve(budget, settings); });
+            return translate_errors(
+                [&] { return self.solve(budget, settings); });
           },
           py::arg("budget"),
           py::arg("dominance") = "pareto",

@@ -21,15 +21,10 @@ namespace {
 // kInvalidArgument -> ValueError, anything else -> RuntimeError.
 template <typename F>
 auto guarded(F&& f) -> decltype(f()) {
-  try {
+  return python::translate_errors([&] {
     py::gil_scoped_release release;
     return f();
-  } catch (const ReplayException& e) {
-    if (e.kind() == ErrorKind::kInvalidArgument) {
-      throw py::value_error(e.what());
-    }
-    throw std::runtime_error(e.what());
-  }
+  });
 }
 
 py::dict lower_bounds(

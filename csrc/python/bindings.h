@@ -11,7 +11,10 @@
 
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
+
+#include "core/status.h"
 
 namespace torch_replay::python {
 
@@ -26,6 +29,21 @@ struct BinderRegistration {
     binder_registry().emplace(name, std::move(binder));
   }
 };
+
+// Runs fn, turning the core's ReplayException into Python errors for
+// bindings that return plain values: bad input (kInvalidArgument) becomes
+// ValueError, anything else RuntimeError.
+template <typename Fn>
+auto translate_errors(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (const ReplayException& e) {
+    if (e.kind() == ErrorKind::kInvalidArgument) {
+      throw pybind11::value_error(e.what());
+    }
+    throw std::runtime_error(e.what());
+  }
+}
 
 }  // namespace torch_replay::python
 
