@@ -156,7 +156,7 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
     # Warm up (imports, first-call allocations) with a cheap configuration, then take
     # the baseline: the peak RSS reached from here on is what this configuration adds.
     small = torch.zeros(16)
-    tr.checkpoint(seg, x, 0, state=[small], engine=engine).sum().backward()
+    tr.checkpoint(seg, x, 0, state=[small], engine=engine, use_reentrant=False).sum().backward()
     gc.collect()
     base = reset_peak_rss()
     times = []
@@ -166,7 +166,10 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
         loss = 0
         txns = []
         for i in range(versions):
-            loss = loss + tr.checkpoint(seg, x, i, state=[buf], engine=engine).sum()
+            loss = (
+                loss
+                + tr.checkpoint(seg, x, i, state=[buf], engine=engine, use_reentrant=False).sum()
+            )
             txns.append(tr.last_transaction())
         retained = (
             sum(t.retained_bytes for t in txns)

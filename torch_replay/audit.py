@@ -312,6 +312,12 @@ class _Auditor:
                     # can reuse an address after the verdict's storage was freed.
                     if self.phase == "forward":
                         self.created_in[k] = where
+                        # Name it by the tensor made now, not by an earlier one
+                        # freed at the same address.
+                        self.meta[k] = (
+                            str(t.dtype).replace("torch.", ""),
+                            "x".join(map(str, t.shape)),
+                        )
                     self.epoch[k] = self.epoch.get(k, 0) + 1
 
     def inside(self, seg: _SegState, where: str | None) -> bool:
@@ -496,7 +502,9 @@ def _probe_engine(
     state = _resolve_state([s for s in out.state if not s.startswith("torch.default")], root, a)
     try:
         with torch.enable_grad():
-            y = tr.checkpoint(fn, *seg.first_args, state=state or None, engine="auto")
+            y = tr.checkpoint(
+                fn, *seg.first_args, state=state or None, engine="auto", use_reentrant=False
+            )
             txn = tr.last_transaction()
             if txn is None:  # nothing saved for backward: the transaction is gone
                 out.auto_engine, out.retained_bytes = "none (nothing saved)", 0

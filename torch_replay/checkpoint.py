@@ -11,7 +11,9 @@ See Note [Replay protocol] in ``csrc/aten/transaction.h`` for the protocol and
 from __future__ import annotations
 
 import contextlib
+import inspect
 import uuid
+import warnings
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -23,7 +25,7 @@ import torch.utils.checkpoint as _tcp
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._ext import require_extension
-from ._observe import Observer
+from ._observe import Observer, _Gate
 from .errors import ReplayError, UnsupportedReplayError
 
 __all__ = [
@@ -201,21 +203,131 @@ def _autocast_state(device_type: str):
     return ctx
 
 
-def _observer(txn):
-    return Observer(txn) if config.observe else contextlib.nullcontext()
+def _observer(txn, gate: _Gate | None = None):
+    return Observer(txn, gate) if config.observe else contextlib.nullcontext()
 
 
-def _new_transaction(state, function, engine, preserve_rng_state, watch_reads):
+def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, last=True):
     C = require_extension()
     tensors, names, gens, gen_names = _collect_state(state, function)
     txn = C.Transaction(engine, tensors, names, gens, gen_names, preserve_rng_state, watch_reads)
-    global _last_txn
-    _last_txn = weakref.ref(txn)
+    if last:
+        global _last_txn
+        _last_txn = weakref.ref(txn)
     return txn
 
 
 def _metadata(x: torch.Tensor) -> dict[str, Any]:
     return {"shape": x.shape, "dtype": x.dtype, "device": x.device}
+
+
+# ------------------------------------------------------- torch's words and knobs
+# Note [Drop-in fidelity]
+# Where torch.utils.checkpoint is right, torch_replay behaves the same: the same
+# signature and defaults, the same warnings, torch's global knobs
+# (set_checkpoint_early_stop, set_checkpoint_debug_enabled, GraphExecGroup) and
+# torch's error texts as the start of ours, so code that matches on them keeps
+# working. PyTorch's own checkpoint tests are run with torch_replay swapped in
+# (scripts/torch_checkpoint_tests.py).
+
+_DEBUG_TIP = getattr(_tcp, "_debug_tip_msg", "")
+_USE_REENTRANT_WARNING = (
+    "torch.utils.checkpoint: the use_reentrant parameter should be "
+    "passed explicitly. Starting in PyTorch 2.9, calling checkpoint "
+    "without use_reentrant will raise an exception. use_reentrant=False is "
+    "recommended, but if you need to preserve the current default "
+    "behavior, you can pass use_reentrant=True. Refer to docs for more "
+    "details on the differences between the two variants."
+)
+_USE_REENTRANT_WARNING_SEQUENTIAL = (
+    "torch.utils.checkpoint.checkpoint_sequential: the use_reentrant "
+    "parameter should be passed explicitly. "
+    "In version 2.9 we will raise an exception if use_reentrant "
+    "is not passed. use_reentrant=False is "
+    "recommended, but if you need to preserve the current default "
+    "behavior, you can pass use_reentrant=True. Refer to docs for more "
+    "details on the differences between the two variants."
+)
+
+
+def _early_stop(local: bool) -> bool:
+    knob = getattr(_tcp, "_enable_checkpoint_early_stop", None)
+    return bool(knob if knob is not None else local)
+
+
+def _debug(local: bool) -> bool:
+    knob = getattr(_tcp, "_checkpoint_debug_enabled", None)
+    return bool(knob if knob is not None else local)
+
+
+def _graph_task_id():
+    group = getattr(_tcp, "GraphExecGroup", None)
+    gid = group._get_current_group() if group is not None else None
+    if gid is None:
+        gid = torch._C._current_graph_task_id()
+        if gid == -1:
+            # Unpacked outside of a backward call: a fresh id.
+            gid = int(uuid.uuid4())
+    return gid
+
+
+def _in_graph_exec_group() -> bool:
+    get = getattr(torch._C, "_get_graph_exec_group", None)
+    return get is not None and get() is not None
+
+
+# -------------------------------------------------- torch_replay's own options
+# Note [Option spelling]
+# torch_replay adds two keywords to torch's signature, state= and engine=.
+# A keyword is never swallowed: when the checkpointed function itself takes a
+# parameter of that name, the keyword goes to the function (as torch would
+# pass it) and torch_replay's option is spelled replay_state= / replay_engine=
+# (those spellings always mean torch_replay's). When it cannot tell (the
+# function takes **kwargs, or has no inspectable signature), it refuses before
+# running anything and names both spellings.
+
+_OPTIONS = (("state", "replay_state", None), ("engine", "replay_engine", "auto"))
+
+
+def _takes_keyword(function, name: str) -> bool | None:
+    """True if ``function`` has a parameter ``name`` that can be passed by
+    keyword, False if it certainly does not, None if it cannot tell."""
+    target = function.forward if isinstance(function, torch.nn.Module) else function
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    var_keyword = False
+    for p in sig.parameters.values():
+        if p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            return True
+        var_keyword |= p.kind == p.VAR_KEYWORD
+    return None if var_keyword else False
+
+
+def _replay_options(function, kwargs: dict[str, Any]) -> tuple[Any, str]:
+    """Pops torch_replay's options out of ``kwargs`` and returns ``(state, engine)``
+    (Note [Option spelling]); keywords of the function stay in ``kwargs``."""
+    values = []
+    for plain, spelled, default in _OPTIONS:
+        explicit = spelled in kwargs
+        value = kwargs.pop(spelled, default)
+        if plain in kwargs and not explicit:
+            takes = _takes_keyword(function, plain)
+            if takes is False:
+                value = kwargs.pop(plain)
+            elif takes is None:
+                name = getattr(function, "__qualname__", None) or type(function).__name__
+                raise TypeError(
+                    f"torch_replay.checkpoint: {plain}= is ambiguous: the checkpointed "
+                    f"function {name} accepts arbitrary keyword arguments (or has no "
+                    f"inspectable signature), so torch.utils.checkpoint would pass "
+                    f"{plain}= to it. Write {spelled}=... for torch_replay's option; "
+                    f"{plain}= passed together with {spelled}= goes to the function. "
+                    "Nothing was run."
+                )
+        values.append(value)
+    return values[0], values[1]
 
 
 # ---------------------------------------------------------- non-reentrant path
@@ -238,20 +350,31 @@ class _StopRecompute(Exception):
 
 class _Frame:
     """Saved-tensor bookkeeping of one non-reentrant segment (as torch's
-    ``_CheckpointFrame``), driving the segment's C++ Transaction on replay."""
+    ``_CheckpointFrame``), driving the segment's C++ Transaction on replay.
 
-    def __init__(self, txn, run, early_stop: bool, metadata_fn):
+    ``run`` re-runs the segment; ``child`` makes a fresh transaction over the same
+    declared state, used when the segment's saved tensors are unpacked before its
+    own forward has finished (it differentiates inside itself): that re-run starts
+    from the state the forward started from (nothing stateful happened yet, or it
+    is refused) and is rolled back by the child's abort, as if it never ran.
+    """
+
+    def __init__(self, txn, run, early_stop: bool, metadata_fn, child, gate):
         self.txn = txn
         self.run = run
+        self.child = child
+        self.gate = gate
         self.early_stop = early_stop
         self.metadata_fn = metadata_fn
+        self.forward_completed = False
+        self.ignore_saved_mismatch = False
         self.weak_holders: list[weakref.ReferenceType] = []
         self.metas: list[Any] = []
-        self.recomputed: defaultdict[int, weakref.WeakKeyDictionary] = defaultdict(
+        self.recomputed: defaultdict[Any, weakref.WeakKeyDictionary] = defaultdict(
             weakref.WeakKeyDictionary
         )
-        self.counter: defaultdict[int, int] = defaultdict(int)
-        self.done: defaultdict[int, bool] = defaultdict(bool)
+        self.counter: defaultdict[Any, int] = defaultdict(int)
+        self.done: defaultdict[Any, bool] = defaultdict(bool)
 
     def pack(self, x: torch.Tensor) -> _Holder:
         holder = _Holder()
@@ -263,63 +386,76 @@ class _Frame:
         return holder
 
     def unpack(self, holder: _Holder) -> torch.Tensor:
-        gid = torch._C._current_graph_task_id()
-        if gid == -1:
-            gid = int(uuid.uuid4())
+        gid = _graph_task_id()
         if not self.done[gid]:
-            self.recompute(gid)
+            if self.forward_completed:
+                self.recompute(gid)
+            else:
+                self.recompute_in_forward(gid)
         if gid not in holder.handles:
             raise _tcp.CheckpointError(
-                "torch_replay.checkpoint: a saved tensor was not recomputed (the re-run "
-                "saved fewer tensors than the forward)"
+                "torch.utils.checkpoint: a saved tensor was not recomputed "
+                "(torch_replay: the re-run saved fewer tensors than the forward)."
             )
         if holder.handles[gid] is None:
+            extra = ""
+            if _in_graph_exec_group():
+                extra = (
+                    "Performing two backward calls that overlap (i.e. require the same "
+                    "saved activation in order to compute gradients) is not allowed while "
+                    "under the torch.utils.checkpoint.GraphExecGroup context. "
+                )
             raise _tcp.CheckpointError(
-                "torch_replay.checkpoint: unpack is being triggered for a tensor that was "
-                "already unpacked once. If you are calling ctx.saved_tensors in backward, "
-                "make sure to do so only once."
+                "torch.utils.checkpoint: Unpack is being triggered for a tensor that was "
+                f"already unpacked once. {extra}If you are calling ctx.saved_tensors in "
+                "backward, make sure to do so only once. Otherwise please open an issue "
+                "with details on your use case."
             )
         ret = self.recomputed[gid][holder.handles[gid]]
         holder.handles[gid] = None
         return ret
 
-    def _recompute_pack(self, gid):
-        txn = self.txn
-
+    def _recompute_pack(self, gid, txn, early_stop: bool):
         def pack(x):
             x = x.detach() if x.requires_grad else x
-            if txn.overwritten_later(x):
+            if txn is not None and txn.overwritten_later(x):
                 x = x.clone()  # the segment overwrites these bytes after saving them
             idx = self.counter[gid]
             self.counter[gid] += 1
             if idx >= len(self.weak_holders):
+                if not self.forward_completed:
+                    # Re-run from inside the forward, which has saved fewer so far.
+                    self.ignore_saved_mismatch = True
+                    return x
                 raise _tcp.CheckpointError(
-                    "torch_replay.checkpoint: trying to save more tensors during "
-                    "recomputation than during the original forward pass."
+                    "torch.utils.checkpoint: trying to save more tensors during "
+                    "recomputation than during the original forward pass.\n" + _DEBUG_TIP
                 )
             holder = self.weak_holders[idx]()
             if holder is not None:
                 holder.handles[gid] = _Handle()
                 self.recomputed[gid][holder.handles[gid]] = x
-            if self.early_stop and self.counter[gid] == len(self.weak_holders):
+            if early_stop and self.counter[gid] == len(self.weak_holders):
                 raise _StopRecompute
             return x
 
         return pack
 
-    def recompute(self, gid: int) -> None:
+    def recompute(self, gid) -> None:
         txn = self.txn
         # A stateful segment runs to the end so that its end state is verified.
-        self.early_stop = self.early_stop and not txn.stateful
+        early_stop = self.early_stop and not txn.stateful
         txn.begin_replay()
         try:
             completed = True
             try:
                 with (
-                    torch.autograd.graph.saved_tensors_hooks(self._recompute_pack(gid), _no_unpack),
+                    torch.autograd.graph.saved_tensors_hooks(
+                        self._recompute_pack(gid, txn, early_stop), _no_unpack
+                    ),
                     torch.enable_grad(),
                 ):
-                    self.run()
+                    self.run(txn)
             except _StopRecompute:
                 completed = False
             if completed:
@@ -336,63 +472,114 @@ class _Frame:
         self.done[gid] = True
         self._check_metadata(gid)
 
-    def _check_metadata(self, gid: int) -> None:
-        if self.metadata_fn is None:
-            return
-        if self.counter[gid] != len(self.weak_holders) and not self.early_stop:
-            raise _tcp.CheckpointError(
-                "torch_replay.checkpoint: a different number of tensors was saved during "
-                f"the original forward ({len(self.weak_holders)}) and recomputation "
-                f"({self.counter[gid]})."
+    def recompute_in_forward(self, gid) -> None:
+        """Re-run the segment while its own forward is still running (it calls
+        ``torch.autograd.grad`` on its own values)."""
+        if self.txn.stateful:
+            raise UnsupportedReplayError(
+                "the checkpointed segment differentiates its own values after it "
+                "touched state or drew random numbers: re-running it from the start "
+                "in the middle of its forward would replay those effects. Move the "
+                "inner torch.autograd.grad before the stateful part, split the segment "
+                "there, or call the function without checkpoint."
             )
+        child = self.child()
+        child.begin_forward([], [])
+        self.gate.paused = True
+        try:
+            try:
+                with (
+                    torch.autograd.graph.saved_tensors_hooks(
+                        self._recompute_pack(gid, None, self.early_stop), _no_unpack
+                    ),
+                    torch.enable_grad(),
+                ):
+                    self.run(child, _Gate())
+            except _StopRecompute:
+                pass
+        finally:
+            self.gate.paused = False
+            child.abort_forward()  # puts every byte and generator back
+        self.done[gid] = True
+        self._check_metadata(gid)
+
+    def _check_metadata(self, gid) -> None:
+        if self.metadata_fn is None or self.ignore_saved_mismatch:
+            return
+        if self.counter[gid] != len(self.weak_holders):
+            raise _tcp.CheckpointError(
+                "torch.utils.checkpoint: A different number of tensors was saved "
+                "during the original forward and recomputation.\n"
+                f"Number of tensors saved during forward: {len(self.weak_holders)}\n"
+                f"Number of tensors saved during recomputation: {self.counter[gid]}.\n" + _DEBUG_TIP
+            )
+        different = []
         for idx, wh in enumerate(self.weak_holders):
             holder = wh()
             if holder is None or holder.handles.get(gid) is None:
                 continue
             got = self.metadata_fn(self.recomputed[gid][holder.handles[gid]])
             if got != self.metas[idx]:
-                raise _tcp.CheckpointError(
-                    "torch_replay.checkpoint: recomputed values have different metadata "
-                    f"than during the forward pass: tensor at position {idx}: saved "
-                    f"{self.metas[idx]}, recomputed {got}."
+                different.append(
+                    f"tensor at position {idx}:\nsaved metadata: {self.metas[idx]}\n"
+                    f"recomputed metadata: {got}\n"
                 )
+        if different:
+            raise _tcp.CheckpointError(
+                "torch.utils.checkpoint: Recomputed values for the following tensors "
+                "have different metadata than during the forward pass.\n"
+                f"{''.join(different)}.\n" + _DEBUG_TIP
+            )
 
 
 def _no_unpack(x):
     return x
 
 
+def _metadata_fn(determinism_check: str):
+    checks = getattr(_tcp, "_allowed_determinism_checks_to_fns", None)
+    if checks is None:
+        checks = {"default": _metadata, "none": lambda _: None}
+    if determinism_check not in checks:
+        raise ValueError(
+            f"determinism_check should be one of {list(checks.keys())}, but got {determinism_check}"
+        )
+    return checks[determinism_check]
+
+
+def _device_context():
+    """The DeviceContext mode the forward runs under (the re-run respects it)."""
+    from torch.overrides import _get_current_function_mode_stack
+    from torch.utils._device import DeviceContext
+
+    return next(
+        (m for m in reversed(_get_current_function_mode_stack()) if isinstance(m, DeviceContext)),
+        contextlib.nullcontext(),
+    )
+
+
 def _checkpoint_nonreentrant(
-    function, args, kwargs, txn, preserve, context_fn, determinism_check, debug, early_stop
+    function, args, kwargs, txn, child, preserve, context_fn, metadata_fn, debug, early_stop
 ):
     unpack_error_cb = None
-    if debug and hasattr(_tcp, "_get_debug_context_and_cb"):
-        if context_fn is not None:
-            raise ValueError("debug=True is incompatible with a non-default context_fn")
+    if _debug(debug):
+        if context_fn is not _tcp.noop_context_fn:
+            raise ValueError("debug=True is incompatible with non-default context_fn")
         context_fn, unpack_error_cb = _tcp._get_debug_context_and_cb()
-    if determinism_check == "default":
-        metadata_fn = _metadata
-    elif determinism_check == "none":
-        metadata_fn = None
-    else:
-        raise ValueError(
-            f"determinism_check should be one of ['default', 'none'], but got {determinism_check}"
-        )
-    forward_ctx, recompute_ctx = (context_fn or _tcp.noop_context_fn)()
     device_type = _tcp._infer_device_type(*args)
+    forward_ctx, recompute_ctx = context_fn()
     autocast = _autocast_state(device_type)
-    if torch.is_grad_enabled() and early_stop is True:
-        early_stop = (
-            _tcp._enable_checkpoint_early_stop
-            if _tcp._enable_checkpoint_early_stop is not None
-            else True
-        )
+    device_ctx = _device_context()
+    gate = _Gate()
 
-    def run():
-        with autocast(), recompute_ctx, _observer(txn):
+    def run(t, g=gate):
+        # The observer sits below the user's modes (context_fn): selective
+        # checkpointing's caching modes expect to be the current mode, and the
+        # observer should see what really runs.
+        with autocast(), device_ctx, _observer(t, g), recompute_ctx:
             function(*args, **kwargs)
 
-    frame = _Frame(txn, run, bool(early_stop), metadata_fn)
+    frame = _Frame(txn, run, _early_stop(early_stop), metadata_fn, child, gate)
 
     def unpack(holder):
         with _named_errors(function, args):
@@ -405,26 +592,31 @@ def _checkpoint_nonreentrant(
 
     tensor_args = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
     txn.begin_forward(tensor_args, _rng_devices(args, preserve))
+    suppressed = False
     try:
-        with torch.autograd.graph.saved_tensors_hooks(frame.pack, unpack), forward_ctx:
-            with _observer(txn):
+        with (
+            torch.autograd.graph.saved_tensors_hooks(frame.pack, unpack),
+            _observer(txn, gate),
+            forward_ctx,
+        ):
+            try:
                 out = function(*args, **kwargs)
-        _require_grad_output(out)
+            except BaseException:
+                suppressed = True
+                raise
+        if suppressed:
+            raise RuntimeError(
+                "torch.utils.checkpoint: the forward context provided by "
+                "context_fn suppressed an exception raised during the "
+                "checkpointed forward. This is not supported because checkpoint "
+                "cannot return a value for a failed forward."
+            )
         txn.end_forward()
     except BaseException:
         txn.abort_forward()
         raise
+    frame.forward_completed = True
     return out
-
-
-def _require_grad_output(out) -> None:
-    if not any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten(out)[0]):
-        raise UnsupportedReplayError(
-            "the checkpointed segment returned no tensor that requires grad, so there is "
-            "nothing to recompute for (with use_reentrant=True this also happens when no "
-            "input requires grad, and parameters would silently get no gradient). Call the "
-            "function directly, run it under torch.no_grad(), or pass inputs that require grad."
-        )
 
 
 # ------------------------------------------------------------- reentrant path
@@ -510,16 +702,11 @@ class _ReentrantRunner:
 
 
 def _checkpoint_reentrant(function, args, txn, preserve):
+    _tcp.check_backward_validity(args)
     runner = _ReentrantRunner(function, args, txn, preserve)
     inputs = [args[i] for i in runner.tensor_idx]
     outputs = require_extension().apply_segment(runner, inputs)
-    result = runner.rebuild(outputs)
-    try:
-        _require_grad_output(result)
-    except UnsupportedReplayError:
-        txn.abort_forward()
-        raise
-    return result
+    return runner.rebuild(outputs)
 
 
 # ------------------------------------------------------------------ public API
@@ -528,50 +715,57 @@ def _checkpoint_reentrant(function, args, txn, preserve):
 def checkpoint(
     function: Callable,
     *args: Any,
-    state: Iterable[Any] | None = None,
-    engine: str = "auto",
-    use_reentrant: bool = False,
-    preserve_rng_state: bool = True,
+    use_reentrant: bool | None = None,
+    context_fn: Callable[[], tuple[Any, Any]] = _tcp.noop_context_fn,
     determinism_check: str = "default",
     debug: bool = False,
-    context_fn: Callable[[], tuple[Any, Any]] | None = None,
     early_stop: bool = True,
     **kwargs: Any,
 ) -> Any:
     """Checkpoint ``function(*args, **kwargs)`` so that its re-run is exact.
 
-    A drop-in for :func:`torch.utils.checkpoint.checkpoint`: every torch keyword keeps
-    its meaning, and for a pure segment outputs and gradients are bitwise equal and the
-    same activations are dropped.
+    A drop-in for :func:`torch.utils.checkpoint.checkpoint`: the same signature,
+    defaults, warnings and global knobs (Note [Drop-in fidelity]); for a pure segment
+    outputs and gradients are bitwise equal and the same activations are dropped.
 
     Args:
         function: the segment to run now and re-run in backward.
         *args: its positional arguments.
-        state: tensors, ``nn.Module`` s (all their buffers and parameters) and
-            ``torch.Generator`` s that the segment may read or write and that may change
-            before the re-run. The re-run sees their forward-time bytes and positions;
-            afterwards they are exactly as they were before it.
-        engine: how declared state is preserved: ``"snapshot"`` (copy every declared
-            storage at the start), ``"journal"`` (old bytes of each destructive write in a
-            shared log, undone in reverse and redone; every write to the state until
-            backward must happen inside torch_replay segments), ``"readset"`` (the bytes
-            the segment touches, saved at first touch), ``"guard"`` (keep nothing, prove by
-            hashes that nothing changed or raise) or ``"auto"`` (guard if the segment
-            touched no declared state, otherwise read-set, which is the snapshot when it
-            touched everything).
-        use_reentrant: run the segment through the C++ autograd Function (reentrant
-            backward) instead of saved-tensor hooks.
-        preserve_rng_state: stash and restore the default generators (and undeclared
-            explicit generators) for the re-run, as torch does. Declared generators are
-            always preserved.
-        determinism_check: ``"default"`` (compare shapes, dtypes and devices of recomputed
-            saved tensors) or ``"none"``.
+        use_reentrant: ``False`` (recommended) runs the segment under saved-tensor
+            hooks; ``True`` through the C++ autograd Function (reentrant backward).
+            Omitted, torch's warning is given and ``True`` is used, as torch does.
+        context_fn: returns two context managers for the forward and the re-run
+            (``use_reentrant=False`` only).
+        determinism_check: ``"default"`` (compare shapes, dtypes and devices of
+            recomputed saved tensors) or ``"none"``.
         debug: on a determinism error, print operator traces (as torch).
-        context_fn: returns two context managers for the forward and the re-run.
         early_stop: stop the re-run once every saved tensor is recomputed (only for
             segments that touched no state and drew no random numbers; stateful segments
-            always re-run to the end so their end state can be verified).
-        **kwargs: keyword arguments of ``function`` (``use_reentrant=False`` only).
+            always re-run to the end so their end state can be verified). Overridden by
+            ``torch.utils.checkpoint.set_checkpoint_early_stop``.
+        **kwargs: keyword arguments of ``function`` (``use_reentrant=False`` only),
+            ``preserve_rng_state`` (default ``True``: stash and restore the default
+            generators, and undeclared explicit generators, for the re-run; declared
+            generators are always preserved), and torch_replay's two options:
+
+            ``state`` (or ``replay_state``): tensors, ``nn.Module`` s (all their
+            buffers and parameters) and ``torch.Generator`` s that the segment may read
+            or write and that may change before the re-run. The re-run sees their
+            forward-time bytes and positions; afterwards they are exactly as they were.
+
+            ``engine`` (or ``replay_engine``): how declared state is preserved:
+            ``"snapshot"`` (copy every declared storage at the start), ``"journal"``
+            (old bytes of each destructive write in a shared log; every write to the
+            state until backward must happen inside torch_replay segments),
+            ``"readset"`` (the bytes the segment touches, saved at first touch),
+            ``"guard"`` (keep nothing, prove by hashes that nothing changed or raise) or
+            ``"auto"`` (default: guard if the segment touched no declared state,
+            otherwise read-set).
+
+            If ``function`` itself takes a parameter named ``state`` or ``engine``,
+            that keyword goes to ``function`` and torch_replay's option must be spelled
+            ``replay_state=`` / ``replay_engine=``; if ``function`` takes ``**kwargs``
+            the plain spelling is refused as ambiguous (Note [Option spelling]).
 
     Returns:
         What ``function`` returns.
@@ -583,24 +777,32 @@ def checkpoint(
         OverlapError: the segment copies between overlapping views of one memory.
         TypeError, ValueError: bad arguments (nothing is run, or state is rolled back).
     """
+    if use_reentrant is None:
+        warnings.warn(_USE_REENTRANT_WARNING, stacklevel=2)
+        use_reentrant = True
+    preserve = kwargs.pop("preserve_rng_state", True)
+    state, engine = _replay_options(function, kwargs)
+    if kwargs and use_reentrant:
+        raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if use_reentrant:
-        if kwargs:
-            raise ValueError("Unexpected keyword arguments: " + ",".join(kwargs))
-        if context_fn is not None or debug:
+        if context_fn is not _tcp.noop_context_fn or debug is not False:
             raise ValueError(
                 "Passing `context_fn` or `debug` is only supported when use_reentrant=False."
             )
+        metadata_fn = None
+    else:
+        metadata_fn = _metadata_fn(determinism_check)
+    if config.detect not in ("saved", "reads"):
+        raise ValueError(
+            f"torch_replay.config.detect must be 'saved' or 'reads', got {config.detect!r}"
+        )
     if not torch.is_grad_enabled():
         # Nothing will be differentiated: run plainly (as torch does).
         _collect_state(state, function)  # still refuse malformed state
         return function(*args, **kwargs)
     watch_reads = use_reentrant or config.detect == "reads"
-    if config.detect not in ("saved", "reads"):
-        raise ValueError(
-            f"torch_replay.config.detect must be 'saved' or 'reads', got {config.detect!r}"
-        )
     if not config.observe and state is not None:
         # Without the observer nothing reports what the segment touches: only the
         # whole snapshot preserves declared state then.
@@ -610,18 +812,23 @@ def checkpoint(
                 "use engine='snapshot' or turn the observer back on"
             )
         engine = "snapshot"
-    txn = _new_transaction(state, function, engine, preserve_rng_state, watch_reads)
+    txn = _new_transaction(state, function, engine, preserve, watch_reads)
     with _named_errors(function, args):
         if use_reentrant:
-            return _checkpoint_reentrant(function, args, txn, preserve_rng_state)
+            return _checkpoint_reentrant(function, args, txn, preserve)
+
+        def child():
+            return _new_transaction(state, function, engine, preserve, watch_reads, last=False)
+
         return _checkpoint_nonreentrant(
             function,
             args,
             kwargs,
             txn,
-            preserve_rng_state,
+            child,
+            preserve,
             context_fn,
-            determinism_check,
+            metadata_fn,
             debug,
             early_stop,
         )
@@ -631,49 +838,69 @@ def checkpoint_sequential(
     functions,
     segments: int,
     input: Any,
-    state: Iterable[Any] | None = None,
-    engine: str = "auto",
-    use_reentrant: bool = False,
+    use_reentrant: bool | None = None,
     **kwargs: Any,
 ) -> Any:
     """Checkpoint a sequential model in ``segments`` chunks (as
-    :func:`torch.utils.checkpoint.checkpoint_sequential`); every chunk but the last is
-    run through :func:`checkpoint` with the same ``state`` and ``engine``.
+    :func:`torch.utils.checkpoint.checkpoint_sequential`, same signature, defaults
+    and warning).
+
+    Every chunk but the last runs through :func:`checkpoint`; with declared state,
+    the last chunk does too, so that a declared buffer changed before backward is
+    preserved for every chunk (torch runs the last chunk eagerly, whose saved
+    tensors would then be stale).
 
     Args:
         functions: an ``nn.Sequential`` or a list of modules / functions.
         segments: number of chunks.
         input: the input of the first function.
-        state, engine, use_reentrant: as for :func:`checkpoint`.
-        **kwargs: ``preserve_rng_state`` and the other keywords of :func:`checkpoint`.
+        use_reentrant: as for :func:`checkpoint` (omitted: torch's warning, ``True``).
+        **kwargs: ``preserve_rng_state``; torch_replay's ``state`` / ``engine``
+            (``replay_state`` / ``replay_engine`` are accepted too) and the other
+            keywords of :func:`checkpoint` (``context_fn``, ``determinism_check``,
+            ``debug``, ``early_stop``).
 
     Returns:
         The output of the last function.
-    """
-    if isinstance(functions, torch.nn.Sequential):
-        functions = list(functions.children())
-    functions = list(functions)
-    if segments < 1 or segments > max(len(functions), 1):
-        raise ValueError(f"segments must be in [1, {len(functions)}], got {segments}")
 
-    def run_function(start, end):
-        def forward(x):
+    Raises:
+        ValueError: an unknown keyword (torch's text).
+    """
+    if use_reentrant is None:
+        warnings.warn(_USE_REENTRANT_WARNING_SEQUENTIAL, stacklevel=2)
+        use_reentrant = True
+    options = {"preserve_rng_state": kwargs.pop("preserve_rng_state", True)}
+    for plain, spelled, _ in _OPTIONS:
+        if plain in kwargs and spelled in kwargs:
+            raise TypeError(f"checkpoint_sequential: give {plain}= or {spelled}=, not both")
+        if plain in kwargs or spelled in kwargs:
+            options[spelled] = kwargs.pop(plain if plain in kwargs else spelled)
+    for name in ("context_fn", "determinism_check", "debug", "early_stop"):
+        if name in kwargs:
+            options[name] = kwargs.pop(name)
+    if kwargs:
+        raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
+
+    def run_function(start, end, functions):
+        def forward(input):
             for j in range(start, end + 1):
-                x = functions[j](x)
-            return x
+                input = functions[j](input)
+            return input
 
         return forward
 
+    if isinstance(functions, torch.nn.Sequential):
+        functions = list(functions.children())
+
     segment_size = len(functions) // segments
+    # the last chunk has to be non-volatile
     end = -1
     for start in range(0, segment_size * (segments - 1), segment_size):
         end = start + segment_size - 1
         input = checkpoint(
-            run_function(start, end),
-            input,
-            state=state,
-            engine=engine,
-            use_reentrant=use_reentrant,
-            **kwargs,
+            run_function(start, end, functions), input, use_reentrant=use_reentrant, **options
         )
-    return run_function(end + 1, len(functions) - 1)(input)
+    last = run_function(end + 1, len(functions) - 1, functions)
+    if options.get("replay_state") is not None and torch.is_grad_enabled():
+        return checkpoint(last, input, use_reentrant=use_reentrant, **options)
+    return last(input)

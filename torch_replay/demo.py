@@ -39,7 +39,7 @@ def step(method: str) -> list[torch.Tensor]:
     elif method == "torch.utils.checkpoint":
         y = tcp.checkpoint(block, x, use_reentrant=False)
     else:
-        y = tr.checkpoint(block, x, state=[block])
+        y = tr.checkpoint(block, x, state=[block], use_reentrant=False)
     with torch.no_grad():
         block.shift.mul_(0.9).add_(0.3)  # the buffer moves on before backward
     y.pow(2).mean().backward()
@@ -58,7 +58,7 @@ def main() -> int:
         torch.manual_seed(0)
         block = Block()
         x = torch.randn(32, 64, requires_grad=True)
-        y = tr.checkpoint(block, x)  # the buffer is not declared
+        y = tr.checkpoint(block, x, use_reentrant=False)  # the buffer is not declared
         with torch.no_grad():
             block.shift.add_(1.0)
         y.sum().backward()

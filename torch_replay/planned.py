@@ -411,9 +411,9 @@ class PlannedSequential(torch.nn.Module):
                 h = checkpoint(
                     fn,
                     h,
-                    state=self._state[i],
-                    engine=choice,
                     use_reentrant=self.use_reentrant,
+                    replay_state=self._state[i],  # never a segment's own keyword
+                    replay_engine=choice,
                 )
                 txn = last_transaction()
             self._txns[i] = weakref.ref(txn) if txn is not None else None

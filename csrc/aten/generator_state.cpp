@@ -84,6 +84,15 @@ bool GeneratorStates::moved() const {
   return false;
 }
 
+bool GeneratorStates::moved_now() const {
+  for (const auto& e : entries_) {
+    if (!same_state(e.start, generator_state(e.gen))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::vector<c10::Device> GeneratorStates::devices() const {
   std::vector<c10::Device> out;
   for (const auto& e : entries_) {

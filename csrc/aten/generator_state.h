@@ -34,6 +34,9 @@ class GeneratorStates {
   std::optional<std::string> end_mismatch() const;
   // True if some tracked generator ended at another state than it started.
   bool moved() const;
+  // True if some tracked generator is now at another state than it started
+  // (valid before record_end, e.g. in the middle of a forward).
+  bool moved_now() const;
   // Devices of the tracked generators.
   std::vector<c10::Device> devices() const;
   const std::vector<std::string> names() const;

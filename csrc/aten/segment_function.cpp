@@ -38,9 +38,11 @@ struct SegmentFunction : torch::autograd::Function<SegmentFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     TORCH_CHECK(
         torch::autograd::Engine::get_default_engine().is_checkpoint_valid(),
-        "torch_replay.checkpoint with use_reentrant=True is incompatible with "
-        ".grad() or passing an `inputs` parameter to .backward(). Use "
-        "use_reentrant=False, or call .backward() without `inputs`.");
+        "When use_reentrant=True, torch.utils.checkpoint is incompatible"
+        " with .grad() or passing an `inputs` parameter to .backward()."
+        " To resolve this error, you can either set use_reentrant=False,"
+        " or call .backward() without passing the `inputs` argument."
+        " (torch_replay.checkpoint)");
     variable_list inputs = ctx->get_saved_variables();
     auto capsule = ctx->saved_data["runner"].toCapsule();
     auto* holder = static_cast<RunnerHolder*>(capsule.get());
@@ -71,8 +73,8 @@ struct SegmentFunction : torch::autograd::Function<SegmentFunction> {
       }
       TORCH_CHECK(
           !with_grad.empty(),
-          "none of the checkpointed segment's outputs requires grad: this "
-          "checkpoint is not necessary");
+          "none of output has requires_grad=True,"
+          " this checkpoint() is not necessary (torch_replay.checkpoint)");
       {
         py::gil_scoped_release nogil;
         torch::autograd::backward(

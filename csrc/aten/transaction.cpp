@@ -215,12 +215,38 @@ void Transaction::fail(int kind, const std::string& msg, StorageKey key) const {
   throw ReplayException(static_cast<ErrorKind>(kind), msg, key);
 }
 
+// Phase checks reachable from Python (re-entry of a segment from inside its
+// own forward or replay, a backward through it started inside it) raise a
+// named error instead of an internal assert.
+void Transaction::require_phase(bool ok, const char* action) const {
+  if (ok) {
+    return;
+  }
+  static const char* const kPhaseNames[] = {
+      "not started",
+      "running its forward",
+      "done with its forward",
+      "re-running",
+      "released"};
+  fail(
+      static_cast<int>(ErrorKind::kUnsupported),
+      std::string("torch_replay: cannot ") + action +
+          " of a checkpointed segment that is " +
+          kPhaseNames[static_cast<int>(phase_)] +
+          ". This happens when a segment is re-entered from inside its own "
+          "forward or re-run (for example a backward through its outputs "
+          "started inside it). Restructure the code so that the segment's "
+          "gradients are taken after it returns, or call it without "
+          "checkpoint.",
+      0);
+}
+
 // ---------------------------------------------------------------- forward
 
 void Transaction::begin_forward(
     const std::vector<at::Tensor>& inputs,
     const std::vector<c10::Device>& rng_devices) {
-  TORCH_INTERNAL_ASSERT(phase_ == Phase::kIdle, "begin_forward twice");
+  require_phase(phase_ == Phase::kIdle, "start the forward");
   for (const auto& t : inputs) {
     if (observable(t)) {
       external_.insert(storage_key(t));
@@ -272,7 +298,7 @@ void Transaction::before_op(
     const std::optional<at::Generator>& generator) {
   TORCH_INTERNAL_ASSERT(tensors.size() == writes.size());
   const bool replay = phase_ == Phase::kReplay;
-  TORCH_INTERNAL_ASSERT(replay || phase_ == Phase::kForward);
+  require_phase(replay || phase_ == Phase::kForward, "observe an operator");
 
   // Keys, devices, and grad taint of the reads.
   std::vector<StorageKey> keys(tensors.size(), 0);
@@ -493,7 +519,7 @@ void Transaction::record_saved(const at::Tensor& t) {
 }
 
 void Transaction::end_forward() {
-  TORCH_INTERNAL_ASSERT(phase_ == Phase::kForward, "end_forward out of order");
+  require_phase(phase_ == Phase::kForward, "end the forward");
   // A declared generator must live on a device the segment used.
   for (const auto& [gen, name] : declared_generators_) {
     const auto device = gen.device();
@@ -607,8 +633,7 @@ void Transaction::check_unchanged() const {
 }
 
 void Transaction::begin_replay() {
-  TORCH_INTERNAL_ASSERT(
-      phase_ == Phase::kForwardDone, "replay of a segment without forward");
+  require_phase(phase_ == Phase::kForwardDone, "start the re-run");
   check_unchanged();
   live_.clear();
   replay_internal_.clear();
@@ -743,7 +768,7 @@ bool Transaction::overwritten_later(const at::Tensor& t) const {
 }
 
 void Transaction::verify_replay() {
-  TORCH_INTERNAL_ASSERT(phase_ == Phase::kReplay);
+  require_phase(phase_ == Phase::kReplay, "verify the re-run");
   StorageKey bad = end_hashes_.first_mismatch(resolver());
   if (bad != 0) {
     std::string name = name_of(bad);
@@ -814,7 +839,10 @@ int64_t Transaction::retained_bytes() const {
 }
 
 bool Transaction::stateful() const {
-  return !footprint_.empty() || generators_.moved();
+  // R_T exists only once the forward ended; before, compare with now.
+  return !footprint_.empty() ||
+         (phase_ == Phase::kForward ? generators_.moved_now()
+                                    : generators_.moved());
 }
 
 int64_t Transaction::footprint_bytes() const {

@@ -106,6 +106,7 @@ class Transaction {
   void abort_forward();
   // True if the forward touched declared or pre-existing state or drew
   // random numbers: the replay must then run to the end to be verified.
+  // During the forward: whether it has done so yet.
   bool stateful() const;
 
   // ---- replay ----
@@ -179,6 +180,7 @@ class Transaction {
   void release();
   [[noreturn]] void fail(
       int kind, const std::string& msg, StorageKey key) const;
+  void require_phase(bool ok, const char* action) const;
 
   TransactionOptions options_;
   Engine engine_;

@@ -1,0 +1,451 @@
+"""Drop-in fidelity with torch.utils.checkpoint (Note [Drop-in fidelity]).
+
+Where torch is right, torch_replay behaves the same: signature, defaults, warnings,
+global knobs, error texts, non-grad outputs, differentiation inside a segment. And a
+keyword of the user's function is never swallowed (Note [Option spelling]). Each test
+compares against eager PyTorch or against torch.utils.checkpoint itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as tcp
+
+import torch_replay as tr
+
+REENTRANT = [False, True]
+
+
+def grads(*tensors):
+    return [None if t.grad is None else t.grad.clone() for t in tensors]
+
+
+def assert_bitwise(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None:
+            assert x is None and y is None
+        else:
+            assert torch.equal(x, y), (x - y).abs().max()
+
+
+# ------------------------------------------------------------ signature, warnings
+
+
+def _params(fn):
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+def test_signatures_equal_torch():
+    assert _params(tr.checkpoint) == _params(tcp.checkpoint)
+    assert _params(tr.checkpoint_sequential) == _params(tcp.checkpoint_sequential)
+
+
+@pytest.mark.parametrize("ours", [tr.checkpoint, tcp.checkpoint], ids=["ours", "torch"])
+def test_use_reentrant_omitted_warns_and_runs_reentrant_like_torch(ours):
+    x = torch.randn(3, requires_grad=True)
+    with pytest.warns(UserWarning, match="use_reentrant parameter should be passed explicitly"):
+        y = ours(torch.sin, x)
+    # Reentrant: torch.autograd.grad through the segment is refused.
+    with pytest.raises(RuntimeError, match="torch.utils.checkpoint is incompatible"):
+        torch.autograd.grad(y.sum(), x)
+
+
+def test_checkpoint_sequential_positional_use_reentrant():
+    def run(fn):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh())
+        x = torch.randn(2, 4, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # an explicit use_reentrant gives no warning
+            y = fn(model, 2, x, False)
+        y.sum().backward()
+        return grads(x, model[0].weight, model[2].weight)
+
+    assert_bitwise(run(tr.checkpoint_sequential), run(tcp.checkpoint_sequential))
+
+
+def test_checkpoint_sequential_unknown_keyword_is_torchs_value_error():
+    model = nn.Sequential(nn.Linear(4, 4))
+    x = torch.randn(2, 4, requires_grad=True)
+    with pytest.raises(ValueError, match="Unexpected keyword arguments: bogus"):
+        tr.checkpoint_sequential(model, 1, x, use_reentrant=False, bogus=1)
+
+
+# ------------------------------------------------------------ keyword spelling
+
+
+class Cell(nn.Module):
+    """An RNN cell whose forward takes ``state`` (as every RNN/SSM cell does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(5, 5)
+        self.rec = nn.Linear(5, 5)
+        self.register_buffer("decay", torch.full((5,), 0.5))
+
+    def forward(self, x, state=None):
+        h = self.inp(x)
+        if state is not None:
+            h = h + self.rec(state) * self.decay
+        return torch.tanh(h)
+
+
+@pytest.mark.parametrize("reentrant", [False])
+def test_rnn_cell_state_keyword_reaches_the_function(reentrant):
+    def run(ckpt):
+        torch.manual_seed(0)
+        cell = Cell()
+        x = torch.randn(3, 5, requires_grad=True)
+        h = torch.randn(3, 5, requires_grad=True)
+        y = ckpt(cell, x, state=h)
+        y.pow(2).sum().backward()
+        return [y.detach()] + grads(x, h, cell.rec.weight)
+
+    def eager(fn, *a, **k):
+        return fn(*a, **k)
+
+    ours = run(functools.partial(tr.checkpoint, use_reentrant=reentrant))
+    assert_bitwise(ours, run(eager))
+    assert ours[2] is not None  # the cell really used the state
+
+
+def test_rnn_cell_with_replay_state_and_its_own_state():
+    """``state=`` goes to the cell, ``replay_state=`` is torch_replay's: the cell's
+    buffer changed before backward is preserved for the re-run."""
+
+    def run(use_ckpt):
+        torch.manual_seed(0)
+        cell = Cell()
+        x = torch.randn(3, 5, requires_grad=True)
+        h = torch.randn(3, 5, requires_grad=True)
+        if use_ckpt:
+            y = tr.checkpoint(cell, x, state=h, replay_state=[cell], use_reentrant=False)
+        else:
+            y = cell(x, state=h)
+        # The buffer changes before backward; eager autograd cannot run that, so
+        # its reference (the gradient of the forward that ran) changes it after.
+        if use_ckpt:
+            cell.decay.mul_(3.0)
+        y.pow(2).sum().backward()
+        return [y.detach()] + grads(x, h, cell.rec.weight)
+
+    assert_bitwise(run(True), run(False))
+
+
+def test_engine_keyword_of_the_function_reaches_it():
+    seen = {}
+
+    def fn(a, engine="none"):
+        seen["engine"] = engine
+        return a * 2
+
+    x = torch.randn(3, requires_grad=True)
+    tr.checkpoint(fn, x, engine="v8", replay_engine="snapshot", use_reentrant=False)
+    assert seen["engine"] == "v8"
+
+
+def test_ambiguous_keyword_is_refused_before_running():
+    calls = []
+
+    def fn(a, **kw):
+        calls.append(kw)
+        return a * 2
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(TypeError, match="replay_state"):
+        tr.checkpoint(fn, x, state=[torch.zeros(1)], use_reentrant=False)
+    with pytest.raises(TypeError, match="replay_engine"):
+        tr.checkpoint(fn, x, engine="snapshot", use_reentrant=False)
+    assert calls == []
+    # Both spellings together: state= is the function's.
+    buf = torch.zeros(1)
+    tr.checkpoint(fn, x, state="mine", replay_state=[buf], use_reentrant=False)
+    assert calls == [{"state": "mine"}]
+
+
+def test_plain_state_still_means_torch_replays_option_when_the_function_has_none():
+    buf = torch.ones(3)
+
+    def fn(a):
+        return a * buf
+
+    x = torch.randn(3, requires_grad=True)
+    y = tr.checkpoint(fn, x, state=[buf], engine="snapshot", use_reentrant=False)
+    buf.add_(1.0)
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.ones(3))  # the forward's buffer, not 2s
+    assert tr.last_transaction() is None or tr.last_transaction().engine == "snapshot"
+
+
+# ------------------------------------------------------- differentiation inside
+
+
+def _c(fn, early_stop=True):
+    def wrapped(*args):
+        return tr.checkpoint(fn, *args, use_reentrant=False, early_stop=early_stop)
+
+    return wrapped
+
+
+def _grad(fn):
+    def wrapped(x):
+        with torch.enable_grad():
+            out = fn(x)
+            (g,) = torch.autograd.grad(out, x, create_graph=True)
+        return g
+
+    return wrapped
+
+
+def _f(x):
+    return x.sin().exp().sin()
+
+
+@pytest.mark.parametrize("early_stop", [True, False])
+@pytest.mark.parametrize("observe", [True, False])
+def test_nested_differentiation_matches_eager(early_stop, observe, monkeypatch):
+    monkeypatch.setattr(tr.config, "observe", observe)
+    x = torch.randn((), requires_grad=True, dtype=torch.float64)
+    c = functools.partial(_c, early_stop=early_stop)
+    cases = [
+        (_grad(_f), [_grad(c(_f)), c(_grad(_f))]),
+        (_grad(_grad(_f)), [_grad(c(_grad(_f))), c(_grad(_grad(c(_f)))), _grad(c(_grad(c(_f))))]),
+    ]
+    for expected_fn, actual_fns in cases:
+        expected = expected_fn(x)
+        (expected_g,) = torch.autograd.grad(expected, x)
+        for actual_fn in actual_fns:
+            actual = actual_fn(x)
+            assert torch.equal(actual, expected)
+            (g,) = torch.autograd.grad(actual, x)  # differentiated again
+            assert torch.equal(g, expected_g)
+
+
+def test_inner_grad_after_touching_declared_state_is_refused_and_rolled_back():
+    buf = torch.zeros(3)
+    x = torch.randn(3, requires_grad=True)
+
+    def seg(a):
+        buf.add_(1.0)  # touched before differentiating inside
+        y = (a * buf).sin()
+        (g,) = torch.autograd.grad(y.sum(), a, create_graph=True)
+        return g
+
+    # The re-run inside the forward would start from the state the forward began
+    # with while the forward itself has changed it: refused, nothing left behind.
+    with pytest.raises(tr.UnsupportedReplayError, match="differentiates its own values"):
+        tr.checkpoint(seg, x, state=[buf], use_reentrant=False)
+    assert torch.equal(buf, torch.zeros(3))
+
+
+def test_inner_grad_of_a_segment_with_dropout_later_matches_eager():
+    """The re-run made inside the forward is rolled back: the generator and a buffer
+    written later in the segment end where eager leaves them."""
+
+    def run(use_ckpt):
+        torch.manual_seed(0)
+        buf = torch.zeros(3)
+        x = torch.randn(3, requires_grad=True)
+
+        def seg(a):
+            y = a.sin().exp()
+            (g,) = torch.autograd.grad(y.sum(), a, create_graph=True)
+            buf.add_(1.0)
+            return torch.nn.functional.dropout(g, 0.5, training=True)
+
+        if use_ckpt:
+            out = tr.checkpoint(seg, x, state=[buf], use_reentrant=False, early_stop=False)
+        else:
+            out = seg(x)
+        after = torch.rand(2)
+        out.sum().backward()
+        return [out.detach(), buf.clone(), after, x.grad]
+
+    assert_bitwise(run(True), run(False))
+
+
+# ----------------------------------------------------------------- non-grad outputs
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+def test_outputs_without_grad_are_returned_like_torch(reentrant):
+    def seg(a):
+        with torch.no_grad():
+            side = a * 3
+        return a.sin(), side, 7
+
+    def run(ckpt):
+        x = torch.linspace(-1, 1, 5, requires_grad=True)
+        y, side, n = ckpt(seg, x, use_reentrant=reentrant)
+        (y.sum() + side.sum()).backward()
+        return [y.detach(), side, x.grad], n, side.requires_grad
+
+    ours, theirs = run(tr.checkpoint), run(tcp.checkpoint)
+    assert_bitwise(ours[0], theirs[0])
+    assert ours[1:] == theirs[1:]
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+def test_segment_with_no_grad_output_at_all_is_like_torch(reentrant):
+    buf = torch.zeros(3)
+    x = torch.randn(3)  # does not require grad
+
+    def seg(a):
+        buf.add_(1.0)
+        return a * 2
+
+    def run(ckpt):
+        buf.zero_()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = ckpt(seg, x, use_reentrant=reentrant)
+        return y, buf.clone(), sorted({str(w.message) for w in caught})
+
+    ours, theirs = run(tr.checkpoint), run(tcp.checkpoint)
+    assert torch.equal(ours[0], theirs[0]) and not ours[0].requires_grad
+    assert torch.equal(ours[1], theirs[1])  # the write happened once, as in torch
+    assert ours[2] == theirs[2]  # torch's "None of the inputs" warning when reentrant
+
+
+# --------------------------------------------------------------------- global knobs
+
+
+def _counted(counter):
+    def seg(a):
+        b = a.sin()
+        counter["mid"] += 1
+        c = b.exp()
+        counter["end"] += 1
+        return c
+
+    return seg
+
+
+@pytest.mark.parametrize("knob", [True, False])
+@pytest.mark.parametrize("local", [True, False])
+def test_set_checkpoint_early_stop_is_honoured(knob, local):
+    def run(ckpt):
+        counter = {"mid": 0, "end": 0}
+        x = torch.randn(3, requires_grad=True)
+        with tcp.set_checkpoint_early_stop(knob):
+            y = ckpt(_counted(counter), x, use_reentrant=False, early_stop=local)
+        y.sum().backward()
+        return counter
+
+    assert run(tr.checkpoint) == run(tcp.checkpoint)
+
+
+def test_set_checkpoint_debug_enabled_is_honoured(monkeypatch):
+    # torch's debug mode logs every operator through the "LoggingTensor" logger,
+    # whose records pytest's log capture (attached to it once an earlier debug run
+    # left it non-propagating) cannot format: keep only torch's own handler.
+    logger = logging.getLogger("LoggingTensor")
+    monkeypatch.setattr(logger, "propagate", False)
+    monkeypatch.setattr(logger, "handlers", [])
+
+    def run(ckpt):
+        calls = {"n": 0}
+
+        def seg(a):
+            calls["n"] += 1
+            return a.sin() if calls["n"] == 1 else a[:2].cos()
+
+        x = torch.randn(3, requires_grad=True)
+        with tcp.set_checkpoint_debug_enabled(True):
+            y = ckpt(seg, x, use_reentrant=False)
+        with pytest.raises(tcp.CheckpointError) as info:
+            y.sum().backward()
+        return str(info.value)
+
+    ours, theirs = run(tr.checkpoint), run(tcp.checkpoint)
+    for text in (ours, theirs):
+        assert "Operations executed during the original forward" in text
+        assert "aten.sin" in text
+
+
+def test_graph_exec_group_recomputes_once_like_torch():
+    def run(ckpt):
+        counter = {"mid": 0, "end": 0}
+        x = torch.randn(3, requires_grad=True)
+
+        def seg(a):
+            counter["mid"] += 1
+            return a.sin(), a.cos()
+
+        y1, y2 = ckpt(seg, x, use_reentrant=False)
+        with tcp.GraphExecGroup():
+            torch.autograd.grad(y1.sum(), x, retain_graph=True)
+            torch.autograd.grad(y2.sum(), x, retain_graph=True)
+        return counter["mid"]
+
+    assert run(tr.checkpoint) == run(tcp.checkpoint) == 2  # forward + one re-run
+
+
+def test_graph_exec_group_overlap_error_like_torch():
+    def run(ckpt):
+        x = torch.randn(3, requires_grad=True)
+        y = ckpt(lambda a: a.sin().exp(), x, use_reentrant=False)
+        with tcp.GraphExecGroup():
+            torch.autograd.grad(y.sum(), x, retain_graph=True)
+            with pytest.raises(tcp.CheckpointError) as info:
+                torch.autograd.grad(y.sum(), x, retain_graph=True)
+        return str(info.value)
+
+    ours, theirs = run(tr.checkpoint), run(tcp.checkpoint)
+    assert "GraphExecGroup" in ours and "GraphExecGroup" in theirs
+
+
+def test_determinism_error_starts_with_torchs_text():
+    def run(ckpt):
+        calls = {"n": 0}
+
+        def seg(a):
+            calls["n"] += 1
+            return a.sin() if calls["n"] == 1 else a[:2].sin()
+
+        x = torch.randn(3, requires_grad=True)
+        y = ckpt(seg, x, use_reentrant=False)
+        with pytest.raises(tcp.CheckpointError) as info:
+            y.sum().backward()
+        return str(info.value).splitlines()[0]
+
+    assert run(tr.checkpoint) == run(tcp.checkpoint)
+
+
+# ------------------------------------------------------------ sequential with state
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+def test_checkpoint_sequential_state_protects_the_last_chunk(reentrant):
+    class Shift(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer("shift", torch.zeros(4))
+
+        def forward(self, x):
+            return torch.tanh(self.lin(x) * (1 + self.shift))
+
+    def run(use_ckpt):
+        torch.manual_seed(0)
+        model = nn.Sequential(Shift(), Shift(), Shift(), Shift())
+        x = torch.randn(2, 4, requires_grad=True)
+        if use_ckpt:
+            y = tr.checkpoint_sequential(model, 2, x, reentrant, state=[model])
+        else:
+            y = model(x)
+        if use_ckpt:  # every chunk's buffer changes before backward (an EMA)
+            for m in model:
+                m.shift.add_(0.25)
+        y.pow(2).sum().backward()  # eager's reference: the forward that ran
+        return grads(x, *(m.lin.weight for m in model))
+
+    assert_bitwise(run(True), run(False))
