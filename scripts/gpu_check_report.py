@@ -196,6 +196,14 @@ def cmd_probe(a: argparse.Namespace) -> int:
         for k, v in info.items():
             f.write(f"| {k} | `{json.dumps(v) if not isinstance(v, str) else v}` |\n")
     print(json.dumps(info, indent=1))
+    if a.note_file:
+        with open(a.note_file, "w") as f:
+            f.write(
+                f"torch {info.get('torch')} (CUDA {info.get('torch_cuda')}), GPU "
+                f"{info.get('gpu', 'none')} {info.get('capability', '')}, nvcc "
+                f"{info['nvcc_version']}, CUDA_HOME {home} ({why}), CUPTI: "
+                f"{info.get('cupti', {}).get('why')}\n"
+            )
     if not a.dry_run and not info.get("cuda_available"):
         print(
             "error: torch sees no CUDA device; on a machine without a GPU run "
@@ -341,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     pr.add_argument("--out", required=True)
     pr.add_argument("--work", required=True, help="scratch folder (library shims)")
     pr.add_argument("--env-sh", required=True)
+    pr.add_argument("--note-file", help="where to write a one-line summary")
     pr.add_argument("--dry-run", action="store_true")
     rc = sub.add_parser("record")
     rc.add_argument("--out", required=True)
