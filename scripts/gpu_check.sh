@@ -39,7 +39,7 @@ ROOT="$PWD"
 DRY=0
 OUT_DIR="${OUT:-out/gpu_check}"
 BUNDLE=""
-LIMIT_S="${GPU_CHECK_LIMIT_S:-470}"
+LIMIT_S=470
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) DRY=1; shift ;;
@@ -238,7 +238,9 @@ print(" ".join("-I" + p for p in ce.include_paths()), "-I" + sysconfig.get_paths
 step_journal_kernels() {
   envs
   command -v nvcc >/dev/null || skip "nvcc not found (see env.md)"
-  local bin="$WORK/journal_kernels_test" arch="${GPU_CHECK_ARCH:-sm_90}"
+  # The first architecture of TORCH_CUDA_ARCH_LIST (default 9.0: H100/H200) as sm_XY.
+  local bin="$WORK/journal_kernels_test" arch
+  arch="sm_$(echo "${TORCH_CUDA_ARCH_LIST:-9.0}" | tr ' ;' '\n\n' | head -1 | tr -d '.' | sed 's/+PTX//')"
   nvcc -std=c++17 -O2 -arch="$arch" -Icuda cuda/journal_kernels.cu cuda/journal_kernels_test.cu -o "$bin" \
     || nvcc -std=c++17 -O2 -arch="$arch" -cudart shared -Icuda cuda/journal_kernels.cu \
       cuda/journal_kernels_test.cu -o "$bin" \
