@@ -147,6 +147,10 @@ step_bundle() {
   # Wheels are zip files: unpacking them onto PYTHONPATH needs no pip and no network.
   mkdir -p "$WORK/site"
   for whl in "$b"/wheels/*.whl; do
+    # Never shadow the machine's own setuptools (torch's build needs its distutils shim).
+    case "$(basename "$whl")" in
+      setuptools-*|wheel-*) [[ " ${missing[*]} " == *" setuptools "* ]] || continue ;;
+    esac
     "$PY" -m zipfile -e "$whl" "$WORK/site" || { note "cannot unpack $whl"; return 1; }
   done
   echo "export PYTHONPATH=\"$WORK/site:\$PYTHONPATH\"" >>"$WORK/env.sh"
