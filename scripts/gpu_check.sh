@@ -361,7 +361,7 @@ step cuda_syntax      90     20  "skipped (the build compiles it)"
 step journal_kernels  60     15  "~20 s"
 step pytest_cuda      150    30  "~90 s"
 step inductor         130    40  "~100 s"
-step calibrate        75     20  "~40 s"
+step calibrate        120    20  "~40 s"
 step bench_checkpoint 60     15  "~30 s"
 step ctest            150    60  "~90 s, if time is left"
 "$PY" scripts/gpu_check_report.py summary --out "$OUT_DIR" --order "$ORDER" \
