@@ -1,6 +1,6 @@
 """Checkpoint benchmarks (CPU, this machine). Prints ratios measured side by side.
 
-    python benchmarks/bench_checkpoint.py overhead  [--reps 15]
+    python benchmarks/bench_checkpoint.py overhead  [--reps 15] [--device cuda]
     python benchmarks/bench_checkpoint.py journal   [--reps 3] [--mib 256]
     python benchmarks/bench_checkpoint.py all --out benchmarks/results/checkpoint.md
 
@@ -80,9 +80,14 @@ def step(model, x, ckpt, reentrant):
     h.pow(2).mean().backward()
 
 
-def bench_overhead(reps: int) -> dict:
-    model = make_model()
-    x = torch.randn(256, 1024, requires_grad=True)
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_overhead(reps: int, device: str = "cpu", width: int = 1024) -> dict:
+    model = make_model(width).to(device)
+    x = torch.randn(256, width, device=device, requires_grad=True)
     methods = {"torch": tcp.checkpoint, "torch_replay": tr.checkpoint}
     out = {}
     for reentrant in (False, True):
@@ -94,8 +99,10 @@ def bench_overhead(reps: int) -> dict:
             for name, ckpt in methods.items():
                 model.zero_grad(set_to_none=True)
                 x.grad = None
+                _sync(device)
                 t0 = time.perf_counter()
                 step(model, x, ckpt, reentrant)
+                _sync(device)
                 times[name].append(time.perf_counter() - t0)
         peaks = {}
         for name, ckpt in methods.items():
@@ -106,6 +113,8 @@ def bench_overhead(reps: int) -> dict:
             peaks[name] = tracker.peak
         med = {k: statistics.median(v) for k, v in times.items()}
         out[f"use_reentrant={reentrant}"] = {
+            "device": device,
+            "width": width,
             "median_s": med,
             "time_ratio": med["torch_replay"] / med["torch"],
             "peak_bytes": peaks,
@@ -249,7 +258,9 @@ def markdown(overhead, journal, args) -> str:
     if overhead:
         lines += [
             "",
-            "## Overhead on a pure model (8 residual MLP blocks, 1024 wide, batch 256)",
+            "## Overhead on a pure model (8 residual MLP blocks, "
+            f"{next(iter(overhead.values())).get('width', 1024)} wide, batch 256, "
+            f"{next(iter(overhead.values())).get('device', 'cpu')})",
             "",
             "| variant | torch step (s) | torch_replay step (s) | time ratio | peak ratio |",
             "|---|---|---|---|---|",
@@ -301,13 +312,15 @@ def main() -> int:
     p.add_argument("--ratios", default="0.001,0.01,0.1,1", help="write ratios to measure")
     p.add_argument("--json", default=RESULTS_JSON, help="results kept between runs")
     p.add_argument("--out", default=None, help="markdown table to write")
+    p.add_argument("--device", default="cpu", help="overhead: cpu or cuda")
+    p.add_argument("--width", type=int, default=1024, help="overhead: model width (small run: 256)")
     a = p.parse_args()
     data = {"overhead": None, "journal": {}}
     if os.path.exists(a.json):
         with open(a.json) as f:
             data = json.load(f)
     if a.what in ("overhead", "all"):
-        data["overhead"] = bench_overhead(a.reps or 15)
+        data["overhead"] = bench_overhead(a.reps or 15, a.device, a.width)
         print(json.dumps(data["overhead"], indent=1))
     if a.what in ("journal", "all"):
         versions = [int(v) for v in a.versions.split(",")]

@@ -39,6 +39,7 @@ __all__ = [
     "profile_memory",
     "measure_cpu",
     "measure_cuda",
+    "time_cuda",
     "bitwise_equal",
 ]
 
@@ -409,6 +410,26 @@ def measure_cuda(
 
     peak, out = _with_rng(run)
     return int(peak), _tensors(out), args
+
+
+def time_cuda(call: Callable[[list[Any]], Any], inputs: Sequence[Any], *, reps: int = 3) -> Any:
+    """Device time of one run on CUDA (``torch_replay.kernel_timing``: CUPTI when it can).
+
+    Runs on clones of the inputs under ``torch.no_grad()`` from the same
+    generator state (restored afterwards), like the peak measurement.
+
+    Returns:
+        A ``torch_replay.kernel_timing.KernelTiming``.
+    """
+    from torch_replay.kernel_timing import time_kernels
+
+    args = _clone_inputs(inputs)
+
+    def run():
+        with torch.no_grad():
+            return time_kernels(lambda: call(list(args)), device="cuda", reps=reps, warmup=0)
+
+    return _with_rng(run)
 
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -44,6 +44,10 @@ class GraphReport:
     candidate: str = ""
     """Heuristic that found the chosen order."""
     candidates: dict[str, int] = field(default_factory=dict)
+    kernel_seconds: dict[str, object] = field(default_factory=dict)
+    """CUDA guard: device time per run of the ``original`` and ``permuted`` programs and
+    its ``source`` (``"cupti"`` when CUPTI records were read; see
+    ``torch_replay/kernel_timing.py``). Empty on CPU."""
     pass_seconds: float = 0.0
     """Wall-clock time of the pass (profiling, search and guard)."""
     search_seconds: float = 0.0

@@ -200,6 +200,18 @@ def optimize_wrapper(
     del out_o, in_o, out_p, in_p
     if on_cuda:  # pragma: no cover - needs a GPU
         rep.byte_exact = None
+        try:  # diagnostics only: a timing failure never blocks the guard's decision
+            t_o, t_p = guard.time_cuda(original_call, inputs), guard.time_cuda(new_call, inputs)
+            rep.kernel_seconds = {
+                "original": t_o.seconds,
+                "permuted": t_p.seconds,
+                "source": t_o.source,
+                "kernels": t_o.kernels,
+            }
+            if t_o.note:
+                rep.notes.append(f"kernel timing: {t_o.note}")
+        except Exception as exc:
+            rep.notes.append(f"kernel timing failed: {type(exc).__name__}: {exc}")
         ok = rep.bitwise_identical and peak_p < peak_o
         why = (
             "CUDA guard: measured peak lower and outputs bitwise identical"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/setup.sh), then runs every test: lint, the C++
 # core's GoogleTest suite (CTest), the CUDA kernels (compiled with nvcc where
-# it exists, run where a GPU exists), and pytest.
+# it exists, run where a GPU exists), pytest, and the GPU check's dry run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -43,3 +43,6 @@ fi
 
 echo "== pytest"
 "$PY" -m pytest -q tests "$@"
+
+echo "== GPU check, dry run (scripts/gpu_check.sh --dry-run: everything but the GPU)"
+bash scripts/gpu_check.sh --dry-run --out build/gpu_check_dry_run

@@ -53,6 +53,7 @@ from typing import Any
 import torch
 
 from .errors import ReplayError
+from .kernel_timing import time_kernels
 from .planner import OPTION_NAMES, Option
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "main",
     "measure_segments",
     "queue_workload",
+    "reduce_config",
     "shape_workload",
 ]
 
@@ -290,6 +292,42 @@ def validate(cfg: CalibrationConfig) -> CalibrationConfig:
         if not isinstance(cfg.model.kwargs, dict):
             raise ConfigError("model.kwargs must be a mapping")
     return cfg
+
+
+def reduce_config(cfg: CalibrationConfig) -> CalibrationConfig:
+    """A short run of a config (``--reduced``): the same devices, options and model, fewer shapes.
+
+    The grid keeps its smallest buffer size, its smallest and largest write
+    ratio and its smallest and largest live-version count (at most 4 shapes,
+    the corners of the source's grid at one size); at most 2 timed steps
+    after at most 1 warm-up; shapes are measured in this process (no
+    isolation: on CUDA the peak comes from the allocator's counters anyway).
+
+    Args:
+        cfg: a validated config.
+
+    Returns:
+        A new validated config named ``<name>-reduced``.
+    """
+    grid = None
+    if cfg.grid is not None:
+        g = cfg.grid
+        grid = dataclasses.replace(
+            g,
+            buffer_mib=[min(g.buffer_mib)],
+            write_ratios=sorted({min(g.write_ratios), max(g.write_ratios)}),
+            live_versions=sorted({min(g.live_versions), max(g.live_versions)}),
+        )
+    return validate(
+        dataclasses.replace(
+            cfg,
+            name=f"{cfg.name}-reduced",
+            reps=min(cfg.reps, 2),
+            warmup=min(cfg.warmup, 1),
+            isolate=False,
+            grid=grid,
+        )
+    )
 
 
 def _parse_text(text: str, path: str) -> Any:
@@ -720,6 +758,14 @@ def _measure_choices(
             for i, p in enumerate(profs):
                 times[i].append(p.forward_s + p.backward_s)
         phys = physical.peak()
+        kernel = None
+        if device == "cuda":  # device time of one step from CUPTI (torch_replay.kernel_timing)
+            kernel = time_kernels(
+                lambda: model.profile_step(workload.make_input(), track_memory=False),
+                device=device,
+                reps=1,
+                warmup=0,
+            )
         report = model.measure(workload.make_input())
     except ReplayError as e:
         return {"persistent": persistent, "valid": False, "reason": f"{type(e).__name__}: {e}"}
@@ -752,6 +798,7 @@ def _measure_choices(
         "persistent": persistent,
         "valid": True,
         "step_s": float(statistics.median(steps)),
+        **({"kernel_s": kernel.seconds, "kernel_source": kernel.source} if kernel else {}),
         "physical_peak_delta": int(phys),
         "tracked_peak": int(report.measured_peak),
         "model_peak": int(model_peak),
@@ -1004,12 +1051,17 @@ def summary(doc: Mapping[str, Any]) -> str:
     Returns:
         Markdown text.
     """
+    grid = doc.get("grid") or []
+    # CUDA runs also carry the step's device time from CUPTI (torch_replay.kernel_timing).
+    kernel = any(o and "kernel_s" in o for g in grid for o in g["options"].values())
     lines = [
-        "| buffer MiB | write ratio | live versions | option | step s | tracked peak MiB "
-        "| physical peak delta MiB | model peak MiB | peak / snapshot | time / snapshot |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| buffer MiB | write ratio | live versions | option | step s "
+        + ("| kernel s (source) " if kernel else "")
+        + "| tracked peak MiB | physical peak delta MiB | model peak MiB | peak / snapshot "
+        "| time / snapshot |",
+        "|---|---|---|---|---|" + ("---|" if kernel else "") + "---|---|---|---|---|",
     ]
-    for g in doc.get("grid") or []:
+    for g in grid:
         snap = g["options"].get("snapshot") or {}
         for name in OPTION_NAMES:
             o = g["options"].get(name)
@@ -1019,7 +1071,13 @@ def summary(doc: Mapping[str, Any]) -> str:
             tr_ = f"{o['step_s'] / snap['step_s']:.3f}" if snap.get("valid") else "-"
             lines.append(
                 f"| {g['buffer_bytes'] / _MIB:g} | {g['write_ratio']:g} | {g['live_versions']} "
-                f"| {name} | {o['step_s']:.4f} | {o['tracked_peak'] / _MIB:.1f} "
+                f"| {name} | {o['step_s']:.4f} "
+                + (
+                    f"| {o['kernel_s']:.4f} ({o['kernel_source']}) "
+                    if "kernel_s" in o
+                    else ("| - " if kernel else "")
+                )
+                + f"| {o['tracked_peak'] / _MIB:.1f} "
                 f"| {o['physical_peak_delta'] / _MIB:.1f} | {o['model_peak'] / _MIB:.1f} "
                 f"| {pr} | {tr_} |"
             )
@@ -1077,6 +1135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--plot", help="PNG of time and memory per option vs write ratio")
     p.add_argument("--summary", help="markdown table of the grid")
     p.add_argument("--dry-run", action="store_true", help="validate and print the plan")
+    p.add_argument(
+        "--reduced",
+        action="store_true",
+        help="short run: smallest buffer, extreme write ratios and live versions, 2 steps",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--_shape", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -1085,6 +1148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if a.reduced:
+        cfg = reduce_config(cfg)
     if a._shape is not None:  # child process: one shape, JSON on stdout
         if cfg.threads is not None:
             torch.set_num_threads(cfg.threads)
@@ -1100,7 +1165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not a.out:
         p.error("--out is required (unless --dry-run)")
     try:
-        doc = calibrate(a.config, progress=not a.no_progress)
+        doc = calibrate(cfg if a.reduced else a.config, progress=not a.no_progress)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

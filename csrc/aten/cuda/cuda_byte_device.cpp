@@ -1,9 +1,9 @@
 // ByteDevice for CUDA memory (Note [Byte devices]): blobs come from the CUDA
 // caching allocator, bytes move with the kernels of cuda/journal_kernels.cu on
 // the current stream. Built only with a CUDA build of torch (setup.py).
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <vector>
 
@@ -96,7 +96,7 @@ class CudaDevice final : public ByteDevice {
   std::unique_ptr<Blob> gather(
       const uint8_t* base, const RangeSet& ranges) override {
     c10::cuda::CUDAGuard guard(device_of(base));
-    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     auto blob = std::make_unique<CudaBlob>(ranges.bytes());
     DeviceRanges d = upload(ranges, stream);
     check(
@@ -119,7 +119,7 @@ class CudaDevice final : public ByteDevice {
       const Blob& blob,
       const std::vector<int64_t>& blob_offsets) override {
     c10::cuda::CUDAGuard guard(device_of(base));
-    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     DeviceRanges d = upload(dst, stream, blob_offsets);
     check(
         cuda::scatter_ranges(
@@ -132,7 +132,7 @@ class CudaDevice final : public ByteDevice {
   }
   Hash128 hash(const uint8_t* base, const RangeSet& ranges) override {
     c10::cuda::CUDAGuard guard(device_of(base));
-    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     DeviceRanges d = upload(ranges, stream);
     auto out = c10::cuda::CUDACachingAllocator::get()->allocate(16);
     check(cudaMemsetAsync(out.get(), 0, 16, stream));

@@ -1,8 +1,8 @@
 // CUDA registrations of torch.ops.torch_replay.{gather_ranges, scatter_ranges_,
 // hash_ranges} (schemas in csrc/aten/ops.cpp), on the kernels of cuda/.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "journal_kernels.h"
@@ -63,7 +63,7 @@ at::Tensor gather_cuda(
           u.offsets.const_data_ptr<int64_t>(),
           ranges.size(0),
           out.mutable_data_ptr<uint8_t>(),
-          at::cuda::getCurrentCUDAStream()));
+          c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 
@@ -83,7 +83,7 @@ void scatter_cuda(
           u.offsets.const_data_ptr<int64_t>(),
           ranges.size(0),
           src.const_data_ptr<uint8_t>(),
-          at::cuda::getCurrentCUDAStream()));
+          c10::cuda::getCurrentCUDAStream()));
 }
 
 at::Tensor hash_cuda(const at::Tensor& data, const at::Tensor& ranges) {
@@ -97,7 +97,7 @@ at::Tensor hash_cuda(const at::Tensor& data, const at::Tensor& ranges) {
           ranges.size(0),
           reinterpret_cast<unsigned long long*>(
               out.mutable_data_ptr<int64_t>()),
-          at::cuda::getCurrentCUDAStream()));
+          c10::cuda::getCurrentCUDAStream()));
   return out.cpu();
 }
 
