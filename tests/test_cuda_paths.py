@@ -95,7 +95,7 @@ def test_journal_keeps_only_written_rows_on_device(device):
     ref_queue = queue.clone()
     ys, txns = [], []
     for step in range(3):
-        ys.append(tr.checkpoint(seg, x, step, state=[queue], engine="journal"))
+        ys.append(tr.checkpoint(seg, x, step, state=[queue], engine="journal", use_reentrant=False))
         txns.append(tr.last_transaction())
     row = 8 * 4
     assert [t.retained_bytes for t in txns] == [3 * row, 2 * row, row]
@@ -122,7 +122,7 @@ def test_explicit_device_generator_is_preserved(device):
             noise = torch.rand(inp.shape, generator=g, device=device)
             return torch.tanh(lin(inp) * noise)
 
-        y = tr.checkpoint(seg, x, state=[g]) if ours else seg(x)
+        y = tr.checkpoint(seg, x, state=[g], use_reentrant=False) if ours else seg(x)
         torch.rand(3, generator=g, device=device)  # later draws move the generator
         before = gen_state(device, g)
         y.pow(2).sum().backward()
@@ -167,7 +167,7 @@ def test_rng_mismatch_is_detected_on_device(device):
             extra = torch.rand(int(n.item()) * 1024, generator=g, device=device)
             return a * extra[:3]
 
-        y = tr.checkpoint(seg, x, state=[g])
+        y = tr.checkpoint(seg, x, state=[g], use_reentrant=False)
         n.fill_(7)
         before = gen_state(device, g)
         with pytest.raises(tr.RngMismatchError):
@@ -186,7 +186,7 @@ def test_typed_alias_on_device(device):
         w_bits = w.view(torch.int32)
         x = torch.randn(4, 8, device=device, requires_grad=True)
         seg = lambda inp: torch.tanh(lin(inp) + w)  # noqa: E731
-        y = tr.checkpoint(seg, x, state=[w_bits]) if ours else seg(x)
+        y = tr.checkpoint(seg, x, state=[w_bits], use_reentrant=False) if ours else seg(x)
         w_bits[::2] ^= 0x00400000  # flip a mantissa bit through the integer view
         before = storage_bytes(w)
         y.pow(2).sum().backward()
@@ -208,7 +208,7 @@ def test_retain_graph_repeated_backward_on_device(device):
     def seg(inp):
         return m(inp) * torch.rand(inp.shape, generator=g, device=device)
 
-    y = tr.checkpoint(seg, x, state=[m, g], engine="snapshot")
+    y = tr.checkpoint(seg, x, state=[m, g], engine="snapshot", use_reentrant=False)
     m.shift.add_(5.0)
     before = (storage_bytes(m.shift), gen_state(device, g), gen_state(device))
     results = []
