@@ -41,7 +41,9 @@ def _cxx_standard() -> str:
 
 def _extension():
     debug = os.environ.get("TORCH_REPLAY_DEBUG", "0") == "1"
-    cxx = [_cxx_standard(), "-O0" if debug else "-O3", "-fvisibility=hidden"]
+    # NDEBUG as torch itself is built: RecordFunction::inputs() asserts in debug
+    # builds of its header on a flag release builds never set (Note [C++ observer]).
+    cxx = [_cxx_standard(), "-O0" if debug else "-O3", "-fvisibility=hidden", "-DNDEBUG"]
     if debug:
         cxx += ["-g", "-DTORCH_REPLAY_DEBUG"]
     sources = (

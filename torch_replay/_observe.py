@@ -1,10 +1,17 @@
-"""The observer: a TorchDispatchMode that shows every operator of a segment to its
-C++ Transaction (see Note [Replay protocol] in csrc/aten/transaction.h).
+"""The observer: shows every operator of a segment to its C++ Transaction (see
+Note [Replay protocol] in csrc/aten/transaction.h).
 
-It runs below autograd, so it sees the operators that really execute, with their
-schema: which arguments are written (``Tensor(a!)``), which draw random numbers
-(``nondeterministic_seeded``) and from which explicit generator. All decisions are
-made in C++; this file only flattens arguments.
+Two implementations of one protocol, chosen by ``torch_replay.config.observer``:
+
+* ``"c++"`` (default): a thread-local RecordFunction callback of the dispatcher
+  (Note [C++ observer] in csrc/aten/op_observer.h), about a microsecond per operator.
+* ``"python"``: a TorchDispatchMode below autograd (this file's
+  ``DispatchModeObserver``), about 20 µs per operator; kept as the reference the
+  C++ observer is benchmarked and tested against (benchmarks/bench_observer.py).
+
+Both see each operator with its schema: which arguments are written
+(``Tensor(a!)``), which draw random numbers (``nondeterministic_seeded``) and from
+which explicit generator. All decisions are made in C++.
 """
 
 from __future__ import annotations
@@ -18,18 +25,51 @@ from torch.utils._pytree import tree_leaves
 
 from .errors import OverlapError
 
-__all__ = ["Observer"]
+__all__ = ["DispatchModeObserver", "Observer", "new_gate"]
+
+_OVERLAP_TEXT = "refer to a single memory location"
 
 
-class _Gate:
+def new_gate():
     """A switch shared by the observers of one segment: while ``paused`` they let
     operators through unseen (a re-run of the segment made inside its own forward,
     which a separate transaction observes; see ``checkpoint._Frame``)."""
+    from ._ext import require_extension
 
-    __slots__ = ("paused",)
+    return require_extension().ObserverGate()
 
-    def __init__(self) -> None:
-        self.paused = False
+
+def _overlap_error(exc: BaseException) -> OverlapError:
+    return OverlapError(
+        "an operation writes memory that one of its inputs reads through a "
+        f"different view; clone the source first. (torch: {exc})"
+    )
+
+
+class Observer:
+    """Observes the current thread's operators for ``txn`` while active (C++)."""
+
+    __slots__ = ("txn", "gate", "_C")
+
+    def __init__(self, txn, gate=None):
+        from ._ext import require_extension
+
+        self._C = require_extension()
+        self.txn = txn
+        self.gate = gate if gate is not None else self._C.ObserverGate()
+
+    def __enter__(self):
+        self._C.observer_push(self.txn, self.gate)
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        self._C.observer_pop(self.txn)
+        if self.txn.has_pending:
+            # A refusal made while the operators ran (Note [C++ observer]).
+            self.txn.raise_pending()
+        if exc_type is RuntimeError and _OVERLAP_TEXT in str(exc):
+            raise _overlap_error(exc) from exc
+        return False
 
 
 _aten = torch.ops.aten
@@ -78,13 +118,13 @@ def _op_info(func) -> _OpInfo:
     )
 
 
-class Observer(TorchDispatchMode):
-    """Reports each operator's tensor arguments and outputs to ``txn``."""
+class DispatchModeObserver(TorchDispatchMode):
+    """Reports each operator's tensor arguments and outputs to ``txn`` (Python)."""
 
-    def __init__(self, txn, gate: _Gate | None = None):
+    def __init__(self, txn, gate=None):
         super().__init__()
         self.txn = txn
-        self.gate = gate if gate is not None else _Gate()
+        self.gate = gate if gate is not None else new_gate()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -116,12 +156,8 @@ class Observer(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except RuntimeError as exc:
-            if "refer to a single memory location" in str(exc):
-                raise OverlapError(
-                    f"{func} writes memory that one of its inputs reads through a "
-                    "different view; clone the source first. (torch: "
-                    f"{exc})"
-                ) from exc
+            if _OVERLAP_TEXT in str(exc):
+                raise _overlap_error(exc) from exc
             raise
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         self.txn.after_op(outputs, info.differentiable)

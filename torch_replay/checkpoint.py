@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import uuid
 import warnings
 import weakref
@@ -25,7 +26,7 @@ import torch.utils.checkpoint as _tcp
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._ext import require_extension
-from ._observe import Observer, _Gate
+from ._observe import DispatchModeObserver, Observer, new_gate
 from .errors import ReplayError, UnsupportedReplayError
 
 __all__ = [
@@ -51,6 +52,12 @@ class ReplayConfig:
     backward; one weak reference and one integer per tensor. ``"saved"``: only the
     tensors the forward saved for backward (what eager autograd checks).
     ``use_reentrant=True`` always uses ``"reads"``, since its forward saves nothing."""
+
+    observer: str = os.environ.get("TORCH_REPLAY_OBSERVER", "c++")
+    """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
+    (a thread-local RecordFunction callback of the dispatcher, about 1 µs per
+    operator) or ``"python"`` (a TorchDispatchMode, about 20 µs per operator; the
+    reference implementation)."""
 
     observe: bool = True
     """Run the forward and the re-run under the observer (needed for declared
@@ -203,8 +210,12 @@ def _autocast_state(device_type: str):
     return ctx
 
 
-def _observer(txn, gate: _Gate | None = None):
-    return Observer(txn, gate) if config.observe else contextlib.nullcontext()
+def _observer(txn, gate=None):
+    if not config.observe:
+        return contextlib.nullcontext()
+    if config.observer == "python":
+        return DispatchModeObserver(txn, gate)
+    return Observer(txn, gate)
 
 
 def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, last=True):
@@ -494,7 +505,7 @@ class _Frame:
                     ),
                     torch.enable_grad(),
                 ):
-                    self.run(child, _Gate())
+                    self.run(child, new_gate())
             except _StopRecompute:
                 pass
         finally:
@@ -570,7 +581,7 @@ def _checkpoint_nonreentrant(
     forward_ctx, recompute_ctx = context_fn()
     autocast = _autocast_state(device_type)
     device_ctx = _device_context()
-    gate = _Gate()
+    gate = new_gate()
 
     def run(t, g=gate):
         # The observer sits below the user's modes (context_fn): selective
@@ -797,6 +808,10 @@ def checkpoint(
     if config.detect not in ("saved", "reads"):
         raise ValueError(
             f"torch_replay.config.detect must be 'saved' or 'reads', got {config.detect!r}"
+        )
+    if config.observer not in ("c++", "python"):
+        raise ValueError(
+            f"torch_replay.config.observer must be 'c++' or 'python', got {config.observer!r}"
         )
     if not torch.is_grad_enabled():
         # Nothing will be differentiated: run plainly (as torch does).

@@ -2,6 +2,7 @@
 // Function, and the translation of core errors into torch_replay.errors.
 #include <torch/extension.h>
 
+#include "aten/op_observer.h"
 #include "aten/segment_function.h"
 #include "aten/transaction.h"
 #include "core/region_journal.h"
@@ -87,10 +88,19 @@ TORCH_REPLAY_BINDINGS(replay) {
           py::arg("preserve_rng_state"),
           py::arg("watch_reads"))
       .def("begin_forward", &Transaction::begin_forward)
-      .def("before_op", &Transaction::before_op)
+      .def(
+          "before_op",
+          &Transaction::before_op,
+          py::arg("tensors"),
+          py::arg("writes"),
+          py::arg("random"),
+          py::arg("generator"),
+          py::arg("nested") = false)
       .def("after_op", &Transaction::after_op)
       .def("record_saved", &Transaction::record_saved)
       .def("end_forward", &Transaction::end_forward)
+      .def_property_readonly("has_pending", &Transaction::has_pending)
+      .def("raise_pending", &Transaction::raise_pending)
       .def("abort_forward", &Transaction::abort_forward)
       .def("check_unchanged", &Transaction::check_unchanged)
       .def("begin_replay", &Transaction::begin_replay)
@@ -109,6 +119,25 @@ TORCH_REPLAY_BINDINGS(replay) {
       .def_property_readonly("declared_bytes", &Transaction::declared_bytes)
       .def_property_readonly(
           "tracked_generators", &Transaction::tracked_generators);
+
+  py::class_<ObserverGate, std::shared_ptr<ObserverGate>>(m, "ObserverGate")
+      .def(py::init<>())
+      .def_readwrite("paused", &ObserverGate::paused);
+  // Note [C++ observer]: the Python scope keeps the transaction and the gate
+  // alive until observer_pop.
+  m.def(
+      "observer_push",
+      [](Transaction& txn, std::shared_ptr<ObserverGate> gate) {
+        observer_push(&txn, std::move(gate));
+      },
+      py::arg("txn"),
+      py::arg("gate"));
+  m.def(
+      "observer_pop",
+      [](Transaction& txn) { observer_pop(&txn); },
+      py::arg("txn"));
+  m.def("observer_depth", &observer_depth);
+  m.def("observer_nesting", &observer_nesting);
 
   m.def(
       "apply_segment",

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <mutex>
 #include <sstream>
+#include <utility>
 
 #include "aten/byte_devices.h"
 #include "core/status.h"
@@ -249,11 +250,11 @@ void Transaction::begin_forward(
   require_phase(phase_ == Phase::kIdle, "start the forward");
   for (const auto& t : inputs) {
     if (observable(t)) {
-      external_.insert(storage_key(t));
+      external_.emplace(storage_key(t), t.storage().getWeakStorageImpl());
     }
   }
   for (const auto& [key, d] : declared_) {
-    external_.insert(key);
+    external_.emplace(key, d.storage.getWeakStorageImpl());
   }
   for (const auto& [gen, name] : declared_generators_) {
     generators_.track(gen, name);
@@ -295,7 +296,8 @@ void Transaction::before_op(
     const std::vector<at::Tensor>& tensors,
     const std::vector<bool>& writes,
     bool random,
-    const std::optional<at::Generator>& generator) {
+    const std::optional<at::Generator>& generator,
+    bool nested) {
   TORCH_INTERNAL_ASSERT(tensors.size() == writes.size());
   const bool replay = phase_ == Phase::kReplay;
   require_phase(replay || phase_ == Phase::kForward, "observe an operator");
@@ -315,7 +317,7 @@ void Transaction::before_op(
         devices_seen_.push_back(t.device());
       }
       if (!internal_.count(keys[i])) {
-        external_.insert(keys[i]);
+        external_.emplace(keys[i], t.storage().getWeakStorageImpl());
       }
       if (!writes[i] && at::isFloatingType(t.scalar_type())) {
         auto it = grad_tainted_.find(t.unsafeGetTensorImpl());
@@ -325,10 +327,55 @@ void Transaction::before_op(
     }
   }
 
-  last_op_tainted_ = tainted_read;
+  if (!nested) {
+    last_op_tainted_ = tainted_read;
+  }
 
+  // Generators.
+  if (!replay && (random || generator.has_value())) {
+    c10::Device device(c10::kCPU);
+    for (const auto& t : tensors) {
+      if (t.defined()) {
+        device = t.device();
+        break;
+      }
+    }
+    track_random_use(device, generator);
+  }
+
+  std::exception_ptr refused;
+  // State accesses.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (keys[i] == 0) {
+      continue;
+    }
+    const StorageKey key = keys[i];
+    const bool interesting =
+        replay ? !replay_internal_.count(key)
+               : (declared_.count(key) || !internal_.count(key));
+    if (!interesting) {
+      continue;
+    }
+    RangeSet fp = footprint_of(tensors[i]);
+    // Every access is recorded (its bytes saved) even if an earlier one is
+    // refused: the operator may run anyway (Note [C++ observer]).
+    try {
+      if (replay) {
+        replay_access(tensors[i], key, fp, writes[i]);
+      } else {
+        forward_access(tensors[i], key, fp, writes[i]);
+      }
+    } catch (const ReplayException&) {
+      if (!refused) {
+        refused = std::current_exception();
+      }
+    }
+  }
+  if (refused) {
+    std::rethrow_exception(refused);
+  }
   // Refuse raw overlapping writes and float gradients through integer writes
-  // before anything is written.
+  // (after the accesses above are recorded, so that a rollback restores them).
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!writes[i] || keys[i] == 0) {
       continue;
@@ -368,47 +415,6 @@ void Transaction::before_op(
                 "clone())).",
             keys[i]);
       }
-    }
-  }
-
-  // Generators.
-  if (!replay && (random || generator.has_value())) {
-    if (generator.has_value()) {
-      if (options_.preserve_rng_state && !generators_.tracks(*generator)) {
-        generators_.track(
-            *generator,
-            "an explicit generator on " + generator->device().str() +
-                " passed as generator=");
-      }
-    } else if (options_.preserve_rng_state) {
-      c10::Device device(c10::kCPU);
-      for (const auto& t : tensors) {
-        if (t.defined()) {
-          device = t.device();
-          break;
-        }
-      }
-      track_default_generator(device);
-    }
-  }
-
-  // State accesses.
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (keys[i] == 0) {
-      continue;
-    }
-    const StorageKey key = keys[i];
-    const bool interesting =
-        replay ? !replay_internal_.count(key)
-               : (declared_.count(key) || !internal_.count(key));
-    if (!interesting) {
-      continue;
-    }
-    RangeSet fp = footprint_of(tensors[i]);
-    if (replay) {
-      replay_access(tensors[i], key, fp, writes[i]);
-    } else {
-      forward_access(tensors[i], key, fp, writes[i]);
     }
   }
 }
@@ -729,6 +735,12 @@ void Transaction::replay_access(
       return;  // a storage the replay made itself
     }
     if (!known) {
+      // Keep the live bytes first (Note [C++ observer]: the write happens
+      // even though it is refused), so that finish_replay puts them back.
+      written_external_.insert_or_assign(
+          key, External{t.storage().getWeakStorageImpl()});
+      live_.save(key, ref_of(t.storage()), fp);
+      remember_version(t);
       fail(
           static_cast<int>(ErrorKind::kStateMutation),
           "the re-run writes " + describe(t) +
@@ -836,6 +848,68 @@ int64_t Transaction::retained_bytes() const {
     total += RegionJournal::global().bytes_since(journal_pin_);
   }
   return total;
+}
+
+void Transaction::track_random_use(
+    const c10::Device& device, const std::optional<at::Generator>& generator) {
+  if (generator.has_value()) {
+    if (options_.preserve_rng_state && !generators_.tracks(*generator)) {
+      generators_.track(
+          *generator,
+          "an explicit generator on " + generator->device().str() +
+              " passed as generator=");
+    }
+  } else if (options_.preserve_rng_state) {
+    track_default_generator(device);
+  }
+}
+
+void Transaction::observe_random(
+    const c10::Device& device,
+    const std::optional<at::Generator>& generator) noexcept {
+  if (phase_ != Phase::kForward) {
+    return;
+  }
+  try {
+    track_random_use(device, generator);
+  } catch (...) {
+    if (!pending_) {
+      pending_ = std::current_exception();
+    }
+  }
+}
+
+void Transaction::observe_before(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    bool random,
+    const std::optional<at::Generator>& generator,
+    bool nested) noexcept {
+  try {
+    before_op(tensors, writes, random, generator, nested);
+  } catch (...) {
+    if (!pending_) {
+      pending_ = std::current_exception();
+    }
+  }
+}
+
+void Transaction::observe_after(
+    const std::vector<at::Tensor>& outputs, bool differentiable) noexcept {
+  try {
+    after_op(outputs, differentiable);
+  } catch (...) {
+    if (!pending_) {
+      pending_ = std::current_exception();
+    }
+  }
+}
+
+void Transaction::raise_pending() {
+  if (pending_) {
+    std::exception_ptr p = std::exchange(pending_, nullptr);
+    std::rethrow_exception(p);
+  }
 }
 
 bool Transaction::stateful() const {

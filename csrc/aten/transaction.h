@@ -38,6 +38,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <exception>
+
 #include <map>
 #include <memory>
 #include <string>
@@ -91,13 +93,37 @@ class Transaction {
   // Called before each operator with its tensor arguments; `writes[i]` says
   // whether the operator mutates tensors[i]; `random` whether it draws from
   // a generator, `generator` the explicit one if passed.
+  // `nested`: the operator runs inside another operator's implementation
+  // (Note [C++ observer]); it does not decide what the enclosing operator's
+  // outputs are derived from.
   void before_op(
       const std::vector<at::Tensor>& tensors,
       const std::vector<bool>& writes,
       bool random,
-      const std::optional<at::Generator>& generator);
+      const std::optional<at::Generator>& generator,
+      bool nested = false);
   // Called after each operator with its tensor outputs.
   void after_op(const std::vector<at::Tensor>& outputs, bool differentiable);
+  // The same, for the C++ observer (Note [C++ observer]): an error is kept as
+  // the pending error (the first one wins) instead of thrown.
+  void observe_before(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      bool random,
+      const std::optional<at::Generator>& generator,
+      bool nested) noexcept;
+  void observe_after(
+      const std::vector<at::Tensor>& outputs, bool differentiable) noexcept;
+  // A random operator nested inside another operator (its tensors are the
+  // kernel's own): only its generator is tracked.
+  void observe_random(
+      const c10::Device& device,
+      const std::optional<at::Generator>& generator) noexcept;
+  bool has_pending() const {
+    return static_cast<bool>(pending_);
+  }
+  // Throws the pending error, if any, and clears it.
+  void raise_pending();
   // Called by the saved-tensor pack hook (use_reentrant=False).
   void record_saved(const at::Tensor& t);
   void end_forward();
@@ -173,6 +199,8 @@ class Transaction {
   void replay_access(
       const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
   void track_default_generator(const c10::Device& device);
+  void track_random_use(
+      const c10::Device& device, const std::optional<at::Generator>& generator);
   Watched watch(const at::Tensor& t, StorageKey key);
   // Records t's version counter (once per tensor) to put back after a replay.
   void remember_version(const at::Tensor& t);
@@ -190,7 +218,13 @@ class Transaction {
   GeneratorStates generators_;
 
   // What the forward saw.
-  std::unordered_set<StorageKey> external_, internal_;
+  // Storages that existed before the segment and that it touched. The weak
+  // references keep their StorageImpl's memory (not its bytes) allocated, so
+  // that no storage made later, in the forward or a re-run, can reuse the
+  // address that is its key.
+  std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
+      external_;
+  std::unordered_set<StorageKey> internal_;
   std::map<StorageKey, External> written_external_;
   std::map<StorageKey, RangeSet> footprint_, writes_;
   std::vector<c10::Device> devices_seen_;
@@ -222,6 +256,7 @@ class Transaction {
       replay_versions_;
   std::unordered_set<c10::TensorImpl*> replay_versioned_;
   int64_t replay_transient_bytes_ = 0;
+  std::exception_ptr pending_;
 };
 
 }  // namespace torch_replay::aten

@@ -1,0 +1,323 @@
+#include "aten/op_observer.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "aten/transaction.h"
+#include "core/status.h"
+
+namespace torch_replay::aten {
+
+namespace {
+
+// What the observer needs to know of an operator, computed once per schema.
+struct OpInfo {
+  bool op = true;     // an operator with a schema (not an autograd node, ...)
+  bool skip = false;  // a view, or not an operator
+  bool random = false;
+  bool differentiable = true;
+  std::vector<bool> writes;  // per schema argument
+  // Batch norm in training writes its running statistics although its schema
+  // does not say so: argument `training_arg` true => `extra` are written.
+  int training_arg = -1;
+  std::vector<int> extra;
+};
+
+OpInfo make_info(const at::RecordFunction& fn) {
+  OpInfo info;
+  std::optional<c10::FunctionSchema> schema = fn.operator_schema();
+  if (!schema.has_value()) {
+    info.op = false;
+    info.skip = true;
+    return info;
+  }
+  const std::string& name = schema->name();
+  std::optional<c10::OperatorHandle> op =
+      c10::Dispatcher::singleton().findOp(schema->operator_name());
+  const bool inplace_view = op.has_value() && op->hasTag(at::Tag::inplace_view);
+  info.random = op.has_value() && op->hasTag(at::Tag::nondeterministic_seeded);
+  // Operators whose "writes" change metadata or identity only, never bytes.
+  const bool metadata_only =
+      inplace_view || name == "aten::set_" || name == "aten::resize_" ||
+      name == "aten::resize_as_" || name == "aten::detach_";
+  bool view = false;
+  for (const auto& arg : schema->arguments()) {
+    const c10::AliasInfo* alias = arg.alias_info();
+    const bool write = alias != nullptr && alias->isWrite();
+    view |= alias != nullptr && !alias->isWrite();
+    info.writes.push_back(write && !metadata_only);
+  }
+  info.skip = view;
+  info.differentiable = name != "aten::detach";
+  if (name == "aten::native_batch_norm" || name == "aten::cudnn_batch_norm" ||
+      name == "aten::miopen_batch_norm" || name == "aten::batch_norm" ||
+      name == "aten::_batch_norm_impl_index" || name == "aten::instance_norm") {
+    // (instance_norm: argument 5 is use_input_stats.)
+    info.training_arg = 5;
+    info.extra = {3, 4};
+  }
+  return info;
+}
+
+struct Entry {
+  Transaction* txn;
+  std::shared_ptr<ObserverGate> gate;
+};
+
+struct ThreadState {
+  std::vector<Entry> stack;
+  std::optional<at::CallbackHandle> handle;
+  bool in_callback = false;
+  // Nesting of observed operators: 0 for an operator the segment calls, more
+  // for operators called by another operator's implementation.
+  int depth = 0;
+  // Storages of the tensor arguments of the current depth-0 operator, and
+  // those of them it declares it writes.
+  std::vector<StorageKey> top_keys;
+  std::vector<StorageKey> top_written;
+  // Keyed by the address of the schema's name, unique per overload.
+  std::unordered_map<const char*, OpInfo> infos;
+};
+
+ThreadState& state() {
+  thread_local ThreadState s;
+  return s;
+}
+
+const OpInfo& info_of(ThreadState& s, const at::RecordFunction& fn) {
+  const char* key = fn.name();
+  auto it = s.infos.find(key);
+  if (it == s.infos.end()) {
+    it = s.infos.emplace(key, make_info(fn)).first;
+  }
+  return it->second;
+}
+
+void add_tensors(
+    const c10::IValue& v,
+    bool write,
+    std::vector<at::Tensor>* tensors,
+    std::vector<bool>* writes) {
+  if (v.isTensor()) {
+    tensors->push_back(v.toTensor());
+    writes->push_back(write);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec()) {
+      tensors->push_back(t);
+      writes->push_back(write);
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) {
+        tensors->push_back(e.toTensor());
+        writes->push_back(write);
+      }
+    }
+  }
+}
+
+struct CallbackGuard {
+  explicit CallbackGuard(ThreadState& s) : s_(s) {
+    s_.in_callback = true;
+  }
+  ~CallbackGuard() {
+    s_.in_callback = false;
+  }
+  ThreadState& s_;
+};
+
+// Marks an operator whose start was counted in ThreadState::depth.
+struct Counted : at::ObserverContext {};
+
+bool observable_key(const at::Tensor& t, StorageKey* key) {
+  if (!t.defined() || t.layout() != at::kStrided || !t.has_storage() ||
+      t.is_meta()) {
+    return false;
+  }
+  *key = storage_key(t);
+  return true;
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  ThreadState& s = state();
+  if (s.in_callback || s.stack.empty()) {
+    return nullptr;
+  }
+  CallbackGuard guard(s);
+  // The callback also sees other ranges (autograd nodes, user ranges): only
+  // dispatcher operators count.
+  if (fn.scope() != at::RecordScope::FUNCTION) {
+    return nullptr;
+  }
+  const OpInfo& info = info_of(s, fn);
+  if (!info.op) {
+    return nullptr;
+  }
+  const int depth = s.depth++;
+  auto counted = std::make_unique<Counted>();
+  if (info.skip) {
+    return counted;
+  }
+  c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
+  std::vector<at::Tensor> tensors;
+  std::vector<bool> writes;
+  std::optional<at::Generator> generator;
+  bool training = false;
+  if (info.training_arg >= 0 &&
+      static_cast<size_t>(info.training_arg) < inputs.size()) {
+    const c10::IValue& t = inputs[info.training_arg];
+    training = t.isBool() && t.toBool();
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::IValue& v = inputs[i];
+    bool write = i < info.writes.size() && info.writes[i];
+    if (training) {
+      for (int e : info.extra) {
+        write |= static_cast<size_t>(e) == i;
+      }
+    }
+    if (v.isGenerator()) {
+      generator = v.toGenerator();
+    } else {
+      add_tensors(v, write, &tensors, &writes);
+    }
+  }
+  if (depth == 0) {
+    s.top_keys.clear();
+    s.top_written.clear();
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      StorageKey key = 0;
+      if (observable_key(tensors[i], &key)) {
+        s.top_keys.push_back(key);
+        if (writes[i]) {
+          s.top_written.push_back(key);
+        }
+      }
+    }
+  } else {
+    // Inside another operator's implementation the tensors are mostly the
+    // kernel's own (made without the dispatcher, so never seen as created):
+    // keep only writes to the storages the enclosing operator was given,
+    // which is all the pre-existing or declared state a kernel can reach
+    // (e.g. the running statistics written by the batch norm inside
+    // instance_norm), and track the generator a nested random operator
+    // draws from.
+    if (info.random || generator.has_value()) {
+      c10::Device device(c10::kCPU);
+      for (const at::Tensor& t : tensors) {
+        if (t.defined()) {
+          device = t.device();
+          break;
+        }
+      }
+      for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
+        if (!it->gate->paused) {
+          it->txn->observe_random(device, generator);
+        }
+      }
+    }
+    // Its reads are the enclosing operator's reads, and a write the
+    // enclosing operator declares was recorded at its start: only writes it
+    // does not declare are left.
+    auto has = [](const std::vector<StorageKey>& v, StorageKey k) {
+      return std::find(v.begin(), v.end(), k) != v.end();
+    };
+    size_t kept = 0;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      StorageKey key = 0;
+      if (writes[i] && observable_key(tensors[i], &key) &&
+          has(s.top_keys, key) && !has(s.top_written, key)) {
+        tensors[kept] = tensors[i];
+        writes[kept] = writes[i];
+        ++kept;
+      }
+    }
+    if (kept == 0) {
+      return counted;
+    }
+    tensors.resize(kept);
+    writes.resize(kept);
+    generator.reset();
+  }
+  for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
+    if (!it->gate->paused) {
+      it->txn->observe_before(
+          tensors, writes, depth == 0 && info.random, generator, depth > 0);
+    }
+  }
+  return counted;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+  ThreadState& s = state();
+  if (ctx == nullptr) {
+    return;  // not counted at its start
+  }
+  const int depth = --s.depth;
+  if (s.in_callback || s.stack.empty() || depth > 0) {
+    return;  // outputs of nested operators are the enclosing operator's
+  }
+  CallbackGuard guard(s);
+  const OpInfo& info = info_of(s, fn);
+  if (info.skip) {
+    return;
+  }
+  std::vector<at::Tensor> outputs;
+  std::vector<bool> unused;
+  for (const c10::IValue& v : fn.outputs()) {
+    add_tensors(v, false, &outputs, &unused);
+  }
+  for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
+    if (!it->gate->paused) {
+      it->txn->observe_after(outputs, info.differentiable);
+    }
+  }
+}
+
+}  // namespace
+
+void observer_push(Transaction* txn, std::shared_ptr<ObserverGate> gate) {
+  ThreadState& s = state();
+  s.stack.push_back({txn, std::move(gate)});
+  if (!s.handle.has_value()) {
+    s.handle = at::addThreadLocalCallback(
+        at::RecordFunctionCallback(on_start, on_end)
+            .needsInputs(true)
+            .needsOutputs(true)
+            .scopes({at::RecordScope::FUNCTION}));
+  }
+}
+
+void observer_pop(Transaction* txn) {
+  ThreadState& s = state();
+  if (s.stack.empty() || s.stack.back().txn != txn) {
+    throw ReplayException(
+        ErrorKind::kUnsupported,
+        "torch_replay: observation scopes of checkpointed segments must nest "
+        "(a segment's scope ended while another one was innermost on this "
+        "thread)",
+        0);
+  }
+  s.stack.pop_back();
+  if (s.stack.empty() && s.handle.has_value()) {
+    at::removeCallback(*s.handle);
+    s.handle.reset();
+  }
+}
+
+int observer_depth() {
+  return static_cast<int>(state().stack.size());
+}
+
+int observer_nesting() {
+  return state().depth;
+}
+
+}  // namespace torch_replay::aten

@@ -1,0 +1,55 @@
+#pragma once
+
+// Note [C++ observer]
+// Every operator a checkpointed segment runs is shown to its Transaction
+// (Note [Replay protocol]) by a thread-local RecordFunction callback of the
+// dispatcher, with the facts the Transaction needs: the tensor arguments,
+// which of them the operator writes (the schema's `Tensor(a!)`, plus the
+// undeclared running-statistics writes of batch norm in training), whether it
+// draws random numbers (tag `nondeterministic_seeded`) and from which
+// explicit generator, and the tensors it returns.
+//
+//   * Scope: observer_push / observer_pop bracket a segment's forward or
+//     re-run on one thread. The callback is registered on the thread while
+//     its stack is non-empty, so nothing else in the process pays for it.
+//     Nested segments stack; an operator is shown to every transaction on
+//     the stack, innermost first, except those whose gate is paused (a
+//     segment re-run from inside its own forward is observed by a separate
+//     transaction; see torch_replay/checkpoint.py `_Frame`).
+//   * Which operators: every dispatcher call (RecordScope::FUNCTION),
+//     composite operators and the operators they decompose into alike, but
+//     not the kernels an autograd kernel redispatches to. Views are skipped:
+//     they read no bytes, the operators that use them will.
+//   * Errors: the dispatcher swallows exceptions thrown by RecordFunction
+//     callbacks, so a refusal (overlap, integer write on a gradient path, a
+//     re-run reading outside the forward's footprint) is kept as the
+//     transaction's pending error and raised by the Python scope when it
+//     ends. The operator itself then runs, so every access is recorded
+//     before any check can refuse, and the caller's rollback restores it.
+//   * Built with NDEBUG like torch itself: RecordFunction::inputs() asserts in
+//     debug builds of the headers on a flag release builds of torch never set.
+
+#include <memory>
+
+namespace torch_replay::aten {
+
+class Transaction;
+
+// A switch shared by the observers of one segment (Python sets `paused`).
+struct ObserverGate {
+  bool paused = false;
+};
+
+// Starts showing the current thread's operators to `txn` (innermost).
+// Precondition: `txn` and `gate` outlive the matching observer_pop.
+void observer_push(Transaction* txn, std::shared_ptr<ObserverGate> gate);
+// Stops it. Throws ReplayException(kUnsupported) if `txn` is not the
+// innermost observed transaction of this thread (scopes must nest).
+void observer_pop(Transaction* txn);
+// Number of transactions observing on this thread (for tests).
+int observer_depth();
+// Nesting of the operator being observed on this thread (for tests: 0
+// between the segment's operators).
+int observer_nesting();
+
+}  // namespace torch_replay::aten
