@@ -119,10 +119,12 @@ def _module_parts(compiled_graph: Any) -> tuple[dict[str, Any], Any, Any]:
 
 
 def run_pass(compiled_graph: Any, example_inputs: Any, kind: str, config: PassConfig) -> None:
-    """Run the pass on a finished ``CompiledFxGraph``; never raises.
+    """Arm the pass on a finished ``CompiledFxGraph``; never raises.
 
-    On success with deployment, ``compiled_graph.current_callable`` (and its
-    runner) are replaced by the permuted program. The report is recorded.
+    ``compiled_graph.current_callable`` becomes a :class:`_FirstCallPass`,
+    which runs the pass at the first call (Note [Profiling on real inputs])
+    and from then on calls the permuted program when it was deployed, else
+    the original. Graphs the pass cannot handle are reported here.
     """
     from torch._inductor import config as inductor_config
 
@@ -134,32 +136,18 @@ def run_pass(compiled_graph: Any, example_inputs: Any, kind: str, config: PassCo
     if not isinstance(source, str) or getattr(compiled_graph, "current_callable", None) is None:
         return _unchanged(kind, f"{type(compiled_graph).__name__} has no Python wrapper", config)
     from inductor_pass import guard
-    from inductor_pass.rewrite import optimize_wrapper
 
     try:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
+        dynamic = guard.symbolic_inputs(example_inputs)
+        if dynamic:
+            return _unchanged(
+                kind, f"dynamic shapes ({dynamic}); a peak is certified per size", config
+            )
         glob, call, partitions = _module_parts(compiled_graph)
-        if guard.needs_real_inputs(example_inputs):
-            compiled_graph.current_callable = _FirstCallPass(
-                source, glob, call, partitions, kind, config
-            )
-            return None
-        with unset_fake_temporarily():
-            rep, new_call, new_runner = optimize_wrapper(
-                source,
-                glob,
-                example_inputs,
-                original_call=call,
-                partitions=partitions,
-                config=config,
-                kind=kind,
-            )
-        if new_call is not None:
-            compiled_graph.current_callable = new_call
-            if new_runner is not None and hasattr(compiled_graph, "compiled_fn_runner"):
-                compiled_graph.compiled_fn_runner = new_runner
-                compiled_graph.recursively_apply_fns = new_runner.recursively_apply_fns
+        compiled_graph.current_callable = _FirstCallPass(
+            source, glob, call, partitions, kind, config
+        )
+        return None
     except Exception as exc:
         rep = GraphReport(
             kind=kind,
@@ -172,45 +160,61 @@ def run_pass(compiled_graph: Any, example_inputs: Any, kind: str, config: PassCo
 
 
 class _FirstCallPass:
-    """Run the pass at the first call, on a copy of that call's real inputs.
+    """Run the pass at the first call, on copies of that call's real inputs.
 
-    Used for graphs with integer tensor inputs (indices, Inductor's int8
-    max-pool offsets), for which fabricated inputs could index out of bounds.
-    The first call itself runs the original program (after the pass's own runs
-    on copies); later calls run the permuted program when it was deployed. The
-    report is recorded at the first call.
+    Note [Profiling on real inputs]
+    The pass runs the graph's kernels to profile effects and memory. Inputs
+    fabricated from the example inputs' metadata are not valid data for every
+    program: indices computed from a float input fall out of range, and then
+    Inductor's index assert throws inside an OpenMP region (the process
+    aborts) or, with ``assert_indirect_indexing=False``, the kernel writes out
+    of bounds. So every graph is profiled at its first call, on copies of that
+    call's real inputs, which the kernels are about to process anyway; the
+    first call also shows which inputs the call owns (Note [Input ownership]
+    in ``inductor_pass/guard.py``). The first call itself runs the original
+    program after the pass's own runs on copies; later calls run the permuted
+    program when it was deployed. The report is recorded at the first call.
+    Any exception inside the pass leaves the original program.
     """
 
     def __init__(self, source, glob, call, partitions, kind, config) -> None:
         self.impl = call
+        self._next = None
         self._pending = (source, glob, partitions, kind, config)
 
     def __call__(self, args: list[Any]) -> Any:
         pending, self._pending = self._pending, None
         if pending is not None:
-            self._run_pass(args, *pending)
+            from inductor_pass import guard
+
+            try:
+                owned: list[bool] | None = guard.input_ownership(args)
+            except Exception:
+                owned = None
+            self._run_pass(args, owned, *pending)
             call = self.impl
             self.impl = self._next if self._next is not None else call
             return call(args)
         return self.impl(args)
 
-    def _run_pass(self, args, source, glob, partitions, kind, config) -> None:
+    def _run_pass(self, args, owned, source, glob, partitions, kind, config) -> None:
         from inductor_pass.rewrite import optimize_wrapper
 
-        self._next = None
         try:
             rep, new_call, _ = optimize_wrapper(
                 source,
                 glob,
-                [],
+                list(args),
                 original_call=self.impl,
                 partitions=partitions,
                 config=config,
                 kind=kind,
-                real_inputs=list(args),
+                owned=owned,
             )
             self._next = new_call
             rep.notes.append("profiled on a copy of the first call's real inputs")
+            if owned is None:
+                rep.notes.append("input ownership unknown: every input taken as held")
         except Exception as exc:
             rep = GraphReport(
                 kind=kind,

@@ -27,6 +27,14 @@ class GraphReport:
     modelled_permuted_peak: int | None = None
     measured_original_peak: int | None = None
     measured_permuted_peak: int | None = None
+    num_inputs: int = 0
+    """Tensor inputs of the graph."""
+    owned_inputs: int = 0
+    """Inputs the call owns (freed at their last use, Note [Input ownership] in
+    ``inductor_pass/guard.py``); peaks count them from the start of the call."""
+    measured_all_held_peaks: tuple[int, int] | None = None
+    """(original, permuted) measured peaks when the caller holds every input
+    (only measured when the call owns some)."""
     ablation_permuted_peak: int | None = None
     """Modelled peak when every access is treated as a write (``PassConfig.ablation``)."""
     byte_exact: bool | None = None
@@ -70,7 +78,8 @@ class GraphReport:
             f"{mib(self.modelled_original_peak)} -> {mib(self.modelled_permuted_peak)}, "
             f"measured {mib(self.measured_original_peak)} -> "
             f"{mib(self.measured_permuted_peak)}, lower bound {mib(self.lower_bound)}, "
-            f"certified={self.certified}, units={self.num_units}; {self.reason}"
+            f"certified={self.certified}, units={self.num_units}, "
+            f"owned inputs {self.owned_inputs}/{self.num_inputs}; {self.reason}"
         )
 
 
