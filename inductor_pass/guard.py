@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from inductor_pass.units import declared_effects
 from inductor_pass.wrapper_ast import StmtKind, Wrapper, render_region
@@ -60,6 +61,7 @@ __all__ = [
     "input_ownership",
     "EffectsProfile",
     "profile_effects",
+    "storage_digest",
     "profile_memory",
     "measure_cpu",
     "measure_cuda",
@@ -240,6 +242,20 @@ def _bytes_view(st: torch.UntypedStorage) -> torch.Tensor:
     return t.set_(st, 0, (st.nbytes(),), (1,))
 
 
+def storage_digest(st: torch.UntypedStorage) -> tuple[int, int]:
+    """128-bit hash of a storage's bytes (``torch.ops.torch_replay.hash_ranges``).
+
+    The effect check compares digests before and after each unit instead of
+    copies of every live storage: no extra memory, one read per storage per
+    probe. Two different contents hash equal with probability about 2^-128.
+    """
+    _ext()  # loads the extension, which registers the op
+    ranges = torch.tensor([[0, st.nbytes()]], dtype=torch.int64)
+    h = torch.ops.torch_replay.hash_ranges(_bytes_view(st), ranges)
+    lo, hi = h.tolist()
+    return int(lo), int(hi)
+
+
 @dataclass(kw_only=True, slots=True)
 class EffectsProfile:
     """What one instrumented run recorded (see :func:`profile_effects`)."""
@@ -304,51 +320,61 @@ def profile_effects(
 ) -> EffectsProfile:
     """Run the original program once with a probe between statements.
 
-    Records which storages every name refers to (storages are pinned for the
-    run, so data pointers identify them), their sizes, and, with
-    ``check_bytes``, which storages each unit changed (bytes compared before
-    and after the unit), for the effect-completeness check.
+    Records which storages every name refers to, their sizes, and, with
+    ``check_bytes``, which storages each unit changed (a 128-bit hash of every
+    live storage compared before and after the unit, :func:`storage_digest`),
+    for the effect-completeness check. Storages are freed as in a normal run.
     """
     order = list(range(len(wrapper.region)))
     per_pos = _bound_names_per_position(wrapper, order)
     gnames = _global_tensor_names(wrapper, base_globals)
     prof = EffectsProfile()
-    pinned: dict[int, torch.UntypedStorage] = {}
+    # Storages are keyed by their StorageImpl address. A weak reference to each
+    # keeps that address from being reused during the run (the intrusive weak
+    # count keeps the StorageImpl object, not its bytes), so keys are unique
+    # while freed storages really are freed.
+    weak: dict[int, Any] = {}
     state: dict[str, Any] = {"snap": None, "prev": None}
 
-    def keys_of(value: Any) -> frozenset[int]:
-        ks = set()
+    def storages_of(value: Any) -> dict[int, torch.UntypedStorage]:
+        out: dict[int, torch.UntypedStorage] = {}
         for t in _tensors(value):
             st = t.untyped_storage()
             if st.nbytes() == 0:
                 continue
-            k = st.data_ptr()
-            pinned.setdefault(k, st)
+            k = st._cdata
+            if k not in weak:
+                weak[k] = StorageWeakRef(st)
             prof.sizes[k] = st.nbytes()
-            ks.add(k)
-        return frozenset(ks)
+            out[k] = st
+        return out
 
     def probe(pos: int, bound: dict[str, Any]) -> None:
-        live_keys: set[int] = set()
+        live: dict[int, torch.UntypedStorage] = {}
         for n, v in bound.items():
-            ks = keys_of(v)
+            sts = storages_of(v)
+            ks = frozenset(sts)
             old = prof.name_storages.get(n)
             if old is not None and old != ks:
                 prof.problems.append(f"name {n} changed storage during the run")
             prof.name_storages[n] = ks
-            live_keys |= ks
+            live.update(sts)
         if pos == 0:
-            prof.external |= live_keys
+            prof.external |= set(live)
+        cur: dict[int, tuple[int, int]] = {}
+
+        def digest(k: int) -> tuple[int, int]:
+            if k not in cur:
+                cur[k] = storage_digest(live[k])
+            return cur[k]
+
         if state["snap"] is not None:
-            k_prev = state["prev"]
-            changed = set()
-            for key, before in state["snap"].items():
-                if not torch.equal(_bytes_view(pinned[key]), before):
-                    changed.add(key)
-            prof.changed[k_prev] = changed
+            prof.changed[state["prev"]] = {
+                k for k, before in state["snap"].items() if k not in live or digest(k) != before
+            }
             state["snap"] = None
         if pos < len(order) and wrapper.region[order[pos]].kind is StmtKind.UNIT and check_bytes:
-            state["snap"] = {k: _bytes_view(pinned[k]).clone() for k in live_keys}
+            state["snap"] = {k: digest(k) for k in live}
             state["prev"] = order[pos]
 
     src = render_region(wrapper, order, probes=_probe_lines(per_pos, gnames))
@@ -412,7 +438,7 @@ def profile_memory(
     *,
     partitions: Any = None,
     owned: Sequence[bool] | None = None,
-) -> tuple[list[int], list[int]]:
+) -> tuple[list[int], list[int], int]:
     """Run the original program in a counting window with a probe between statements.
 
     Args:
@@ -420,9 +446,9 @@ def profile_memory(
             None: every input is held by the caller.
 
     Returns:
-        ``(transient, live_after)`` per region statement: the peak bytes
-        above the live count while it ran, and the live bytes after it
-        (owned inputs count from the start).
+        ``(transient, live_after, peak)``: per region statement the peak
+        bytes above the live count while it ran and the live bytes after it
+        (owned inputs count from the start), and the peak of the whole run.
     """
     ext = _ext()
     n = len(wrapper.region)
@@ -447,7 +473,7 @@ def profile_memory(
     out = _with_rng(run)
     del out
     transient = [peak[p + 1] - live[p] for p in range(n)]
-    return transient, live[1:]
+    return transient, live[1:], max(peak)
 
 
 def measure_cpu(

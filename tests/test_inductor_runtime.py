@@ -94,6 +94,54 @@ def test_runtime_args_free_owned_inputs_at_last_use():
     assert torch.equal(out_h[0], out_o[0])
 
 
+_EFFECT_WRAPPER = textwrap.dedent(
+    '''
+    import torch
+    k_rw = async_compile.cpp_pybinding(['const float*', 'float*'], r"""
+    extern "C" void kernel(const float* in_ptr0, float* out_ptr0) {}
+    """)
+
+    class Runner:
+        def __init__(self, partitions):
+            self.partitions = partitions
+
+        def call(self, args):
+            arg0_1, = args
+            args.clear()
+            buf0 = empty_strided_cpu((4, ), (1, ), torch.float32)
+            k_rw(arg0_1, buf0)
+            del arg0_1
+            return (buf0, )
+    '''
+)
+
+
+@pytest.mark.parametrize("honest", [True, False])
+def test_effect_check_by_hashes_finds_undeclared_writes(honest):
+    from inductor_pass.wrapper_ast import parse_wrapper
+
+    def k_rw(a, b):  # declared: reads a (const float*), writes b
+        if not honest:
+            a.add_(1.0)
+        b.copy_(a)
+
+    glob = {
+        "torch": torch,
+        "k_rw": k_rw,
+        "empty_strided_cpu": torch._C._dynamo.guards._empty_strided_cpu,
+    }
+    prof = guard.profile_effects(parse_wrapper(_EFFECT_WRAPPER), glob, [torch.ones(4)])
+    if honest:
+        assert prof.problems == []
+    else:
+        assert any("undeclared write by statement" in p for p in prof.problems), prof.problems
+    st = torch.ones(4).untyped_storage()
+    before = guard.storage_digest(st)
+    assert guard.storage_digest(st) == before
+    torch.empty(0, dtype=torch.uint8).set_(st)[5] ^= 1
+    assert guard.storage_digest(st) != before
+
+
 # ---------------------------------------------------------------------------
 # Real training steps: embedding -> index_add into segments -> Linear
 # ---------------------------------------------------------------------------
