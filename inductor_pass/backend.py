@@ -5,23 +5,27 @@ The backend calls Inductor's ``compile_fx`` with its own ``inner_compile``, so
 forward, backward (compiled lazily at the first backward) and inference graphs
 all pass through it. Inside, ``compile_fx_inner`` produces a
 ``CompiledFxGraph`` (compiled or loaded from the FX graph cache) and calls its
-``post_compile`` to wrap the callable (input realignment, cudagraphs). For the
-duration of our inner compile only, ``CompiledFxGraph.post_compile`` is
-wrapped so that the pass runs on the finished graph *before* those wrappers:
-it reads ``source_code`` and the loaded module's globals, and when the guard
-accepts the permuted program it replaces ``current_callable`` with a ``call``
-compiled from the permuted source in a copy of those globals. The loaded
-module itself (shared through Inductor's code cache with plain ``inductor``
-compiles of the same graph) is never modified, and ``source_code`` (what the
-FX graph cache stores) stays the original.
+``post_compile`` to wrap the callable (input realignment, cudagraphs). On an
+AOTAutograd cache hit ``inner_compile`` is skipped, but the loaded forward and
+backward graphs still go through ``post_compile``
+(``torch/_functorch/_aot_autograd/aot_autograd_result.py``). So
+``CompiledFxGraph.post_compile`` is wrapped once per process (a pass-through
+unless this thread is inside the backend or its inner compile, see
+:func:`_armed`), and the pass is armed on the finished graph *before*
+Inductor's wrappers: ``current_callable`` becomes a :class:`_FirstCallPass`
+that runs the pass at the first call and then calls either the original
+``call`` or one compiled from the permuted source in a copy of the loaded
+module's globals. The loaded module itself (shared through Inductor's code
+cache with plain ``inductor`` compiles of the same graph) is never modified,
+and ``source_code`` (what the caches store) stays the original.
 
-Caches: a cache hit still goes through ``post_compile``, so the pass always
-runs; the pass is also registered as ``post_grad_custom_post_pass`` (an FX
+Caches: the pass is registered as ``post_grad_custom_post_pass`` (an FX
 no-op) whose ``uuid()`` hashes the pass's sources and configuration, which
-salts the FX graph cache key. AOTAutograd's cache would bypass
-``inner_compile`` on a hit, so it is disabled while this backend compiles.
-If the installed torch lacks ``CompiledFxGraph.post_compile``, the pass runs
-after ``compile_fx_inner`` and rewrites only an unwrapped callable; modes that
+salts the FX graph and AOTAutograd cache keys; both caches stay on. The
+pass's own decisions are cached too (Note [Decision cache] in
+``inductor_pass/decision_cache.py``), so a warm process pays next to nothing.
+If the installed torch lacks ``CompiledFxGraph.post_compile``, the pass is
+armed after ``compile_fx_inner`` on an unwrapped callable only; modes that
 produce no Python wrapper (``cpp_wrapper``, AOT) are left unchanged with a
 reason.
 """
@@ -32,6 +36,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import threading
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -46,6 +51,7 @@ __all__ = ["TorchReplayPass", "torch_replay_backend", "make_backend", "register"
 _SOURCES = (
     "backend.py",
     "config.py",
+    "decision_cache.py",
     "guard.py",
     "permute.py",
     "report.py",
@@ -84,8 +90,8 @@ class TorchReplayPass(_PassBase):  # type: ignore[misc,valid-type]
             with open(os.path.join(here, name), "rb") as f:
                 h.update(f.read())
         cfg = {k: getattr(self.config, k) for k in self.config.__slots__}  # type: ignore[attr-defined]
-        cfg.pop("report", None)
-        cfg.pop("dump_dir", None)
+        for key in ("report", "dump_dir", "decision_cache"):  # do not change programs
+            cfg.pop(key, None)
         h.update(repr(sorted(cfg.items())).encode())
         if self.chained is not None:
             inner = getattr(self.chained, "uuid", lambda: None)()
@@ -187,7 +193,7 @@ class _FirstCallPass:
         if pending is not None:
             from inductor_pass import guard
 
-            try:
+            try:  # first, before anything else references the inputs
                 owned: list[bool] | None = guard.input_ownership(args)
             except Exception:
                 owned = None
@@ -198,9 +204,21 @@ class _FirstCallPass:
         return self.impl(args)
 
     def _run_pass(self, args, owned, source, glob, partitions, kind, config) -> None:
+        from inductor_pass import decision_cache
         from inductor_pass.rewrite import optimize_wrapper
 
+        key = None
         try:
+            if decision_cache.enabled(config):
+                key = decision_cache.decision_key(
+                    source,
+                    TorchReplayPass(config).uuid(),
+                    decision_cache.call_signature(args, owned),
+                )
+                rep = self._from_cache(key, source, glob, partitions, kind)
+                if rep is not None:
+                    record(rep, print_it=config.report, dump_dir=config.dump_dir)
+                    return
             rep, new_call, _ = optimize_wrapper(
                 source,
                 glob,
@@ -215,6 +233,9 @@ class _FirstCallPass:
             rep.notes.append("profiled on a copy of the first call's real inputs")
             if owned is None:
                 rep.notes.append("input ownership unknown: every input taken as held")
+            if key is not None:
+                order = rep.permuted_order if new_call is not None else None
+                decision_cache.store(key, order, rep.as_dict())
         except Exception as exc:
             rep = GraphReport(
                 kind=kind,
@@ -224,41 +245,99 @@ class _FirstCallPass:
             rep.notes.append(traceback.format_exc(limit=6))
         record(rep, print_it=config.report, dump_dir=config.dump_dir)
 
+    def _from_cache(self, key, source, glob, partitions, kind) -> GraphReport | None:
+        """Deploy a cached decision; None when there is none (or it does not apply)."""
+        from inductor_pass import decision_cache, guard
+        from inductor_pass.wrapper_ast import parse_wrapper, render_region
 
-@contextlib.contextmanager
-def _post_compile_hook(kind: str, config: PassConfig) -> Iterator[bool]:
-    """Wrap ``CompiledFxGraph.post_compile`` while one inner compile runs (probed)."""
+        entry = decision_cache.load(key)
+        if entry is None:
+            return None
+        rep = GraphReport.from_dict(entry.get("report") or {})
+        rep.kind = kind
+        rep.original_source = source
+        order = entry.get("order")
+        if order is not None:
+            wrapper = parse_wrapper(source)
+            if sorted(order) != list(range(len(wrapper.region))):
+                return None
+            new_src = render_region(wrapper, list(order))
+            self._next, _ = guard.build_call(
+                new_src,
+                glob,
+                partitions=partitions,
+                filename=f"<torch_replay permuted {kind} wrapper>",
+            )
+            rep.permuted_source = new_src
+            rep.permuted_order = list(order)
+        rep.pass_seconds = 0.0
+        rep.notes = [*rep.notes, f"decision from the pass's cache ({key[:16]})"]
+        return rep
+
+
+_HOOK = threading.local()
+_HOOK_LOCK = threading.Lock()
+
+
+def _kind_of(compiled_graph: Any, graph_kwargs: Any) -> str:
+    kw = graph_kwargs if isinstance(graph_kwargs, dict) else {}
+    if kw.get("is_backward"):
+        return "backward"
+    head = (getattr(compiled_graph, "source_code", "") or "")[:400]
+    if "_inference'" in head or kw.get("is_inference"):
+        return "inference"
+    return "forward"
+
+
+def _install_post_compile_hook() -> bool:
+    """Wrap ``CompiledFxGraph.post_compile`` once per process (probed); False if absent."""
     try:
         from torch._inductor.output_code import CompiledFxGraph
     except Exception:
-        yield False
-        return
-    original = CompiledFxGraph.__dict__.get("post_compile")
-    if original is None:
-        yield False
-        return
+        return False
+    with _HOOK_LOCK:
+        current = CompiledFxGraph.__dict__.get("post_compile")
+        if current is None:
+            return False
+        if getattr(current, "_torch_replay_hook", False):
+            return True
+        original = current
 
-    @functools.wraps(original)
-    def post_compile(self: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        CompiledFxGraph.post_compile = original  # once per inner compile
-        run_pass(self, example_inputs, kind, config)
-        return original(self, example_inputs, *args, **kwargs)
+        @functools.wraps(original)
+        def post_compile(self: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            config = getattr(_HOOK, "config", None)
+            if config is not None and not isinstance(
+                getattr(self, "current_callable", None), _FirstCallPass
+            ):
+                graph_kwargs = args[1] if len(args) > 1 else kwargs.get("graph_kwargs")
+                run_pass(self, example_inputs, _kind_of(self, graph_kwargs), config)
+            return original(self, example_inputs, *args, **kwargs)
 
-    CompiledFxGraph.post_compile = post_compile
+        post_compile._torch_replay_hook = True  # type: ignore[attr-defined]
+        CompiledFxGraph.post_compile = post_compile
+        return True
+
+
+@contextlib.contextmanager
+def _armed(config: PassConfig) -> Iterator[bool]:
+    """Arm the pass on every graph this thread finishes while the block runs."""
+    hooked = _install_post_compile_hook()
+    previous = getattr(_HOOK, "config", None)
+    _HOOK.config = config
     try:
-        yield True
+        yield hooked
     finally:
-        CompiledFxGraph.post_compile = original
+        _HOOK.config = previous
 
 
 def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: PassConfig, **kw):
     from torch._inductor.compile_fx import compile_fx_inner
 
     kind = _kind(kw)
-    with _post_compile_hook(kind, _config) as hooked:
+    with _armed(_config) as hooked:
         out = compile_fx_inner(gm, example_inputs, **kw)
     if not hooked:
-        # Fallback: rewrite only a callable that post_compile did not wrap.
+        # Fallback: arm the pass only on a callable that post_compile did not wrap.
         call = getattr(out, "current_callable", None)
         runner = getattr(out, "compiled_fn_runner", None)
         bare = runner is not None and getattr(call, "__func__", None) is getattr(
@@ -293,13 +372,7 @@ def make_backend(config: PassConfig | None = None):
         patches = dict(options.get("options") or {})
         if hasattr(inductor_config, "post_grad_custom_post_pass"):
             patches["post_grad_custom_post_pass"] = TorchReplayPass(cfg, existing)
-        try:
-            from torch._functorch import config as functorch_config
-
-            no_aot_cache = functorch_config.patch(enable_autograd_cache=False)
-        except Exception:
-            no_aot_cache = contextlib.nullcontext()
-        with no_aot_cache:
+        with _armed(cfg):  # also arms graphs loaded from AOTAutograd's cache
             return compile_fx(
                 gm,
                 example_inputs,

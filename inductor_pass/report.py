@@ -61,12 +61,29 @@ class GraphReport:
     original_source: str | None = field(default=None, repr=False)
     live_original: list[int] = field(default_factory=list, repr=False)
     live_permuted: list[int] = field(default_factory=list, repr=False)
+    permuted_order: list[int] | None = field(default=None, repr=False)
+    """Region statement order of the permuted program (what the decision cache stores)."""
 
     def as_dict(self) -> dict[str, object]:
         d = dataclasses.asdict(self)
-        for k in ("permuted_source", "original_source", "live_original", "live_permuted"):
+        for k in (
+            "permuted_source",
+            "original_source",
+            "live_original",
+            "live_permuted",
+            "permuted_order",
+        ):
             d.pop(k)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> GraphReport:
+        """A report from :meth:`as_dict` output (unknown keys are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names and k != "graph_id"}
+        if isinstance(kw.get("measured_all_held_peaks"), list):
+            kw["measured_all_held_peaks"] = tuple(kw["measured_all_held_peaks"])  # type: ignore[arg-type]
+        return cls(**kw)  # type: ignore[arg-type]
 
     def summary(self) -> str:
         def mib(x: int | None) -> str:

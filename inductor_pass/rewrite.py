@@ -205,6 +205,7 @@ def optimize_wrapper(
         return done("left unchanged: " + why)
     new_src = render_region(wrapper, res.stmt_order)
     rep.permuted_source = new_src
+    rep.permuted_order = list(res.stmt_order)
 
     stage("guard")
     new_call, new_runner = guard.build_call(

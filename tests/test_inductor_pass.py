@@ -337,6 +337,14 @@ class Branchy(torch.nn.Module):
         return ya + yb * yc
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_decision_cache():
+    # Exercise the pass itself; the decision cache has its own test.
+    old = inductor_pass.set_config(decision_cache=False)
+    yield
+    inductor_pass.set_config(old)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     # Recompiling one code object with new shapes would make dynamo mark them dynamic.

@@ -22,6 +22,14 @@ from inductor_pass import guard
 SLOW = os.environ.get("TORCH_REPLAY_SLOW", "0") == "1"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _no_decision_cache():
+    # Exercise the pass itself; the decision cache has its own test.
+    old = inductor_pass.set_config(decision_cache=False)
+    yield
+    inductor_pass.set_config(old)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
     torch._dynamo.reset()
@@ -322,3 +330,72 @@ def test_float_derived_indices_two_threads_match_inductor():
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "OK" in proc.stdout
+
+
+# ---------------------------------------------------------------------------
+# Caches: a warm process reuses Inductor's caches and the pass's decisions
+# ---------------------------------------------------------------------------
+
+_WARM = textwrap.dedent(
+    """
+    import json
+    import torch
+    import inductor_pass
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 512)
+            self.b = torch.nn.Linear(64, 512)
+            self.h = torch.nn.Linear(512, 8)
+
+        def forward(self, x):
+            return self.h(torch.relu(self.a(x))) * self.h(torch.tanh(self.b(x)))
+
+    m = Branchy()
+    x = torch.randn(256, 64)
+    f = torch.compile(m, backend="torch_replay")
+    f(x).pow(2).sum().backward()
+    f(x).pow(2).sum().backward()  # the deployed program (if any) runs here
+    print(json.dumps({
+        "aot_hits": counters["aot_autograd"]["autograd_cache_hit"],
+        "reports": [
+            {"kind": r.kind, "deployed": r.deployed, "notes": r.notes}
+            for r in inductor_pass.reports()
+        ],
+        "grads": [p.grad.view(torch.int32).tolist() for p in m.parameters()],
+    }))
+    """
+)
+
+
+def test_warm_process_reuses_caches_and_decisions(tmp_path):
+    import json
+
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path / "inductor")
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", _WARM], capture_output=True, text=True, env=env, timeout=900
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["aot_hits"] == 0 and warm["aot_hits"] >= 1  # AOTAutograd's cache stays on
+    assert [r["kind"] for r in cold["reports"]] == ["forward", "backward"]
+    assert [(r["kind"], r["deployed"]) for r in warm["reports"]] == [
+        (r["kind"], r["deployed"]) for r in cold["reports"]
+    ]
+    for r in cold["reports"]:
+        assert not any("decision from the pass's cache" in n for n in r["notes"])
+    for r in warm["reports"]:
+        assert any("decision from the pass's cache" in n for n in r["notes"])
+    assert cold["grads"] == warm["grads"]
+    assert os.listdir(tmp_path / "inductor" / "torch_replay_decisions")

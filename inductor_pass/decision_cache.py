@@ -1,0 +1,108 @@
+"""On-disk cache of the pass's per-graph decisions.
+
+Note [Decision cache]
+The pass profiles, searches and measures every graph at its first call
+(Note [Profiling on real inputs] in ``inductor_pass/backend.py``). Its outcome
+depends only on the wrapper's source (the kernels and their order), the pass
+itself (its sources and configuration: ``TorchReplayPass.uuid()``), the torch
+version, and how the call is made: which inputs the call owns (Note [Input
+ownership] in ``inductor_pass/guard.py``), which inputs share a storage, and
+the inputs' metadata. All of these form the key; the value is the decision
+(the permuted statement order, or none) and the report. A warm process then
+rebuilds the permuted ``call`` from the original source and the cached order
+(:func:`inductor_pass.wrapper_ast.render_region`, milliseconds) and runs no
+kernel of the pass, so Inductor's own caches (FX graph and AOTAutograd) can
+stay on. Entries live under Inductor's cache directory
+(``TORCHINDUCTOR_CACHE_DIR``) in ``torch_replay_decisions/``, are written
+atomically, and are ignored when unreadable. ``PassConfig.decision_cache =
+False`` or ``torch.compiler.config.force_disable_caches`` turn the cache off.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["cache_dir", "call_signature", "decision_key", "load", "store", "enabled"]
+
+_VERSION = 1
+
+
+def enabled(config: Any) -> bool:
+    """Whether decisions are cached under ``config``."""
+    if not getattr(config, "decision_cache", True):
+        return False
+    try:
+        return not torch.compiler.config.force_disable_caches
+    except Exception:  # pragma: no cover - older torch
+        return True
+
+
+def cache_dir() -> str:
+    """Directory of the decision cache (under Inductor's cache directory)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir as inductor_cache_dir
+
+    return os.path.join(inductor_cache_dir(), "torch_replay_decisions")
+
+
+def call_signature(inputs: Sequence[Any], owned: Sequence[bool] | None) -> str:
+    """What of a call, besides the source, the decision depends on."""
+    parts: list[str] = []
+    group: dict[int, int] = {}
+    for i, x in enumerate(inputs):
+        if not isinstance(x, torch.Tensor):
+            parts.append(f"{i}:{type(x).__name__}:{x!r}")
+            continue
+        st = x.untyped_storage()
+        key = st.data_ptr() if st.nbytes() else -1 - i
+        g = group.setdefault(key, len(group))
+        parts.append(
+            f"{i}:{x.dtype}:{x.device}:{tuple(x.shape)}:{x.stride()}:{x.storage_offset()}:"
+            f"{st.nbytes()}:g{g}:{'owned' if owned and owned[i] else 'held'}"
+        )
+    return "|".join(parts)
+
+
+def decision_key(source: str, pass_uuid: str, signature: str) -> str:
+    """The cache key of one graph's decision."""
+    h = hashlib.sha256()
+    for part in (str(_VERSION), torch.__version__, pass_uuid, signature, source):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _path(key: str) -> str:
+    return os.path.join(cache_dir(), key[:2], key + ".json")
+
+
+def load(key: str) -> dict[str, Any] | None:
+    """The cached decision, or None (missing or unreadable)."""
+    try:
+        with open(_path(key)) as f:
+            entry = json.load(f)
+    except Exception:
+        return None
+    if not isinstance(entry, dict) or entry.get("version") != _VERSION:
+        return None
+    return entry
+
+
+def store(key: str, order: list[int] | None, report: dict[str, Any]) -> None:
+    """Write a decision atomically (errors are ignored: the cache is an optimisation)."""
+    entry = {"version": _VERSION, "order": order, "report": report}
+    path = _path(key)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            json.dump(entry, f)
+        os.replace(tmp, path)
+    except Exception:
+        pass
