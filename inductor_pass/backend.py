@@ -33,6 +33,7 @@ reason.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import os
@@ -57,6 +58,7 @@ _SOURCES = (
     "report.py",
     "rewrite.py",
     "units.py",
+    "variants.py",
     "wrapper_ast.py",
 )
 
@@ -150,9 +152,9 @@ def run_pass(compiled_graph: Any, example_inputs: Any, kind: str, config: PassCo
                 kind, f"dynamic shapes ({dynamic}); a peak is certified per size", config
             )
         glob, call, partitions = _module_parts(compiled_graph)
-        compiled_graph.current_callable = _FirstCallPass(
-            source, glob, call, partitions, kind, config
-        )
+        first_call = _FirstCallPass(source, glob, call, partitions, kind, config)
+        compiled_graph.current_callable = first_call
+        _HOOK.last_armed = first_call
         return None
     except Exception as exc:
         rep = GraphReport(
@@ -187,6 +189,10 @@ class _FirstCallPass:
         self.impl = call
         self._next = None
         self._pending = (source, glob, partitions, kind, config)
+        self.variants: list[tuple[str, str, dict[str, Any], Any, Any]] = []
+        """Alternative programs ``(name, source, globals, call, partitions)``
+        (Note [Program variants] in ``inductor_pass/variants.py``)."""
+        self.variant_notes: list[str] = []
 
     def __call__(self, args: list[Any]) -> Any:
         pending, self._pending = self._pending, None
@@ -205,7 +211,6 @@ class _FirstCallPass:
 
     def _run_pass(self, args, owned, source, glob, partitions, kind, config) -> None:
         from inductor_pass import decision_cache
-        from inductor_pass.rewrite import optimize_wrapper
 
         key = None
         try:
@@ -219,24 +224,11 @@ class _FirstCallPass:
                 if rep is not None:
                     record(rep, print_it=config.report, dump_dir=config.dump_dir)
                     return
-            rep, new_call, _ = optimize_wrapper(
-                source,
-                glob,
-                list(args),
-                original_call=self.impl,
-                partitions=partitions,
-                config=config,
-                kind=kind,
-                owned=owned,
-            )
-            self._next = new_call
-            rep.notes.append("profiled on a copy of the first call's real inputs")
-            if owned is None:
-                rep.notes.append("input ownership unknown: every input taken as held")
+            rep, entry = self._optimize(args, owned, source, glob, partitions, kind, config)
             if key is not None:
-                order = rep.permuted_order if new_call is not None else None
-                decision_cache.store(key, order, rep.as_dict())
+                decision_cache.store(key, entry, rep.as_dict())
         except Exception as exc:
+            self._next = None
             rep = GraphReport(
                 kind=kind,
                 original_source=source,
@@ -244,6 +236,76 @@ class _FirstCallPass:
             )
             rep.notes.append(traceback.format_exc(limit=6))
         record(rep, print_it=config.report, dump_dir=config.dump_dir)
+
+    def _optimize(self, args, owned, source, glob, partitions, kind, config):
+        """Run the pass on the default program and every variant; pick one.
+
+        Returns:
+            ``(report, cache entry)``; sets ``self._next`` when a program other
+            than the original default one is to run from now on.
+        """
+        from inductor_pass import variants
+        from inductor_pass.rewrite import optimize_wrapper
+
+        def candidate(name, src, glb, call, parts) -> variants.Candidate:
+            rep, new_call, _ = optimize_wrapper(
+                src,
+                glb,
+                list(args),
+                original_call=call,
+                partitions=parts,
+                config=config,
+                kind=kind,
+                owned=owned,
+            )
+            return variants.Candidate(
+                name=name,
+                report=rep,
+                original=call,
+                chosen=new_call if new_call is not None else call,
+                source=src,
+                order=rep.permuted_order if new_call is not None else None,
+            )
+
+        cands = [candidate("default", source, glob, self.impl, partitions)]
+        rep = cands[0].report
+        for name, src, glb, call, parts in self.variants:
+            try:
+                cands.append(candidate(name, src, glb, call, parts))
+            except Exception as exc:  # a variant is an option; never fatal
+                self.variant_notes.append(f"variant {name} failed: {type(exc).__name__}: {exc}")
+        if len(cands) == 1:
+            best, why = cands[0], ""
+        elif not config.deploy:
+            best, why = cands[0], "variants measured only (PassConfig.deploy=False)"
+        elif any(c.report.device != "cpu" for c in cands):
+            best, why = cands[0], "variants are chosen on CPU only (byte-exact guard)"
+        else:
+            best, why = variants.choose(cands, args, owned)
+        rep.variants = {c.name: variants.summary(c.report) for c in cands}
+        rep.notes.append("profiled on a copy of the first call's real inputs")
+        if owned is None:
+            rep.notes.append("input ownership unknown: every input taken as held")
+        rep.notes.extend(self.variant_notes)
+        if why:
+            rep.notes.append(why)
+        entry: dict[str, Any] = {"variant": best.name, "order": best.order}
+        if best is not cands[0]:
+            rep.variant = best.name
+            rep.deployed = True
+            rep.reason = f"{why}; the pass on that program: {best.report.reason}"
+            rep.lower_bound = best.report.lower_bound
+            rep.bounds = dict(best.report.bounds)
+            rep.certified = best.report.certified
+            rep.measured_permuted_peak = best.peak
+            rep.modelled_permuted_peak = best.report.modelled_permuted_peak
+            rep.permuted_source = best.report.permuted_source or best.source
+            rep.bitwise_identical = True
+            self._next = best.chosen
+            entry["source"] = best.source
+        elif best.chosen is not best.original:
+            self._next = best.chosen
+        return rep, entry
 
     def _from_cache(self, key, source, glob, partitions, kind) -> GraphReport | None:
         """Deploy a cached decision; None when there is none (or it does not apply)."""
@@ -253,23 +315,34 @@ class _FirstCallPass:
         entry = decision_cache.load(key)
         if entry is None:
             return None
+        decision = entry.get("decision") or {}
+        order = decision.get("order")
+        variant_source = decision.get("source")
+        base_source, base_glob, base_parts = source, glob, partitions
+        if variant_source is not None:
+            loaded = decision_cache.load_program(variant_source)
+            if loaded is None:
+                return None
+            base_source, base_glob, base_call, base_parts = variant_source, *loaded
         rep = GraphReport.from_dict(entry.get("report") or {})
         rep.kind = kind
         rep.original_source = source
-        order = entry.get("order")
         if order is not None:
-            wrapper = parse_wrapper(source)
+            wrapper = parse_wrapper(base_source)
             if sorted(order) != list(range(len(wrapper.region))):
                 return None
             new_src = render_region(wrapper, list(order))
             self._next, _ = guard.build_call(
                 new_src,
-                glob,
-                partitions=partitions,
+                base_glob,
+                partitions=base_parts,
                 filename=f"<torch_replay permuted {kind} wrapper>",
             )
             rep.permuted_source = new_src
             rep.permuted_order = list(order)
+        elif variant_source is not None:
+            self._next = base_call
+            rep.permuted_source = variant_source
         rep.pass_seconds = 0.0
         rep.notes = [*rep.notes, f"decision from the pass's cache ({key[:16]})"]
         return rep
@@ -305,8 +378,14 @@ def _install_post_compile_hook() -> bool:
 
         @functools.wraps(original)
         def post_compile(self: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            sink = getattr(_HOOK, "sink", None)
             config = getattr(_HOOK, "config", None)
-            if config is not None and not isinstance(
+            if sink is not None:  # a variant program: collected, not armed
+                try:
+                    sink.append((self.source_code, *_module_parts(self)))
+                except Exception as exc:
+                    sink.append(exc)
+            elif config is not None and not isinstance(
                 getattr(self, "current_callable", None), _FirstCallPass
             ):
                 graph_kwargs = args[1] if len(args) > 1 else kwargs.get("graph_kwargs")
@@ -334,8 +413,14 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
     from torch._inductor.compile_fx import compile_fx_inner
 
     kind = _kind(kw)
+    alternatives, notes = _compile_variants(gm, example_inputs, kw, _config)
+    _HOOK.last_armed = None
     with _armed(_config) as hooked:
         out = compile_fx_inner(gm, example_inputs, **kw)
+    first_call, _HOOK.last_armed = getattr(_HOOK, "last_armed", None), None
+    if isinstance(first_call, _FirstCallPass):
+        first_call.variants.extend(alternatives)
+        first_call.variant_notes.extend(notes)
     if not hooked:
         # Fallback: arm the pass only on a callable that post_compile did not wrap.
         call = getattr(out, "current_callable", None)
@@ -348,6 +433,55 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
         else:
             _unchanged(kind, "this torch has no CompiledFxGraph.post_compile hook", _config)
     return out
+
+
+def _compile_variants(gm, example_inputs, kw, config: PassConfig):
+    """Compile the graph's alternative programs (Note [Program variants]).
+
+    Runs before the default compile, on copies of ``gm`` (Inductor's post-grad
+    passes rewrite the graph in place).
+
+    Returns:
+        ``(alternatives, notes)``: ``(name, source, globals, call, partitions)``
+        per compiled variant, and why any variant is missing.
+    """
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    from inductor_pass import guard, variants
+
+    if not (config.enabled and config.variants) or guard.symbolic_inputs(example_inputs):
+        return [], []
+    if getattr(inductor_config, "cpp_wrapper", False):
+        return [], []
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    out, notes = [], []
+    for name, patch in variants.flipped_options(config.variants):
+        sink: list[Any] = []
+        previous = getattr(_HOOK, "sink", None)
+        # post_compile records the graph's output strides in the tracing
+        # context for AOTAutograd; only the default program may leave them.
+        strides = getattr(context, "output_strides", None)
+        saved = list(strides) if strides is not None else None
+        try:
+            gm_copy = copy.deepcopy(gm)
+            _HOOK.sink = sink
+            with inductor_config.patch(patch):
+                compile_fx_inner(gm_copy, example_inputs, **kw)
+        except Exception as exc:
+            notes.append(f"variant {name} not compiled: {type(exc).__name__}: {exc}")
+            continue
+        finally:
+            _HOOK.sink = previous
+            if saved is not None and strides is not None:
+                strides[:] = saved
+        if len(sink) == 1 and isinstance(sink[0], tuple):
+            out.append((name, *sink[0]))
+        else:
+            notes.append(f"variant {name} has no Python wrapper to use ({sink!r:.80})")
+    return out, notes
 
 
 def make_backend(config: PassConfig | None = None):

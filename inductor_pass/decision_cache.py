@@ -29,9 +29,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["cache_dir", "call_signature", "decision_key", "load", "store", "enabled"]
+__all__ = [
+    "cache_dir",
+    "call_signature",
+    "decision_key",
+    "load",
+    "load_program",
+    "store",
+    "enabled",
+]
 
-_VERSION = 1
+_VERSION = 2
 
 
 def enabled(config: Any) -> bool:
@@ -94,9 +102,49 @@ def load(key: str) -> dict[str, Any] | None:
     return entry
 
 
-def store(key: str, order: list[int] | None, report: dict[str, Any]) -> None:
-    """Write a decision atomically (errors are ignored: the cache is an optimisation)."""
-    entry = {"version": _VERSION, "order": order, "report": report}
+def load_program(source: str) -> tuple[dict[str, Any], Any, Any] | None:
+    """``(globals, call, partitions)`` of a cached variant program, or None.
+
+    The module is loaded as Inductor loads a cached wrapper
+    (``PyCodeCache.load``: its kernels come from Inductor's compiled-kernel
+    cache). A program whose ``call`` refers to a global the source does not
+    define (a constant Inductor attaches at load time) is not used.
+    """
+    try:
+        from torch._inductor.codecache import PyCodeCache
+
+        from inductor_pass.guard import build_call
+        from inductor_pass.wrapper_ast import parse_wrapper
+
+        wrapper = parse_wrapper(source)
+        mod = PyCodeCache.load(source)
+        glob = vars(mod)
+        defined = set(wrapper.input_names) | {n for st in wrapper.region for n in st.defines}
+        import builtins
+
+        for st in wrapper.region:
+            for n in st.uses:
+                if n not in defined and n not in glob and not hasattr(builtins, n):
+                    return None
+        runner = glob.get("runner")
+        partitions = getattr(runner, "partitions", None)
+        call, _ = build_call(source, glob, partitions=partitions)
+        return glob, call, partitions
+    except Exception:
+        return None
+
+
+def store(key: str, decision: dict[str, Any], report: dict[str, Any]) -> None:
+    """Write a decision atomically (errors are ignored: the cache is an optimisation).
+
+    Args:
+        key: From :func:`decision_key`.
+        decision: ``{"variant", "order", "source"}``: the chosen program's name,
+            its permuted region order (None: as emitted) and, for a variant
+            other than the default, its source.
+        report: ``GraphReport.as_dict()``.
+    """
+    entry = {"version": _VERSION, "decision": decision, "report": report}
     path = _path(key)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)

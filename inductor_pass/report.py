@@ -35,6 +35,12 @@ class GraphReport:
     measured_all_held_peaks: tuple[int, int] | None = None
     """(original, permuted) measured peaks when the caller holds every input
     (only measured when the call owns some)."""
+    variant: str = "default"
+    """The program deployed: Inductor's default one, or a variant (Note [Program
+    variants] in ``inductor_pass/variants.py``)."""
+    variants: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Per program (``default`` and each variant): modelled and measured peaks,
+    lower bound, certificate and the pass's decision on it."""
     ablation_permuted_peak: int | None = None
     """Modelled peak when every access is treated as a write (``PassConfig.ablation``)."""
     byte_exact: bool | None = None
@@ -96,7 +102,8 @@ class GraphReport:
             f"measured {mib(self.measured_original_peak)} -> "
             f"{mib(self.measured_permuted_peak)}, lower bound {mib(self.lower_bound)}, "
             f"certified={self.certified}, units={self.num_units}, "
-            f"owned inputs {self.owned_inputs}/{self.num_inputs}; {self.reason}"
+            f"owned inputs {self.owned_inputs}/{self.num_inputs}, program {self.variant}; "
+            f"{self.reason}"
         )
 
 
