@@ -21,7 +21,9 @@ and ``source_code`` (what the caches store) stays the original.
 
 Caches: the pass is registered as ``post_grad_custom_post_pass`` (an FX
 no-op) whose ``uuid()`` hashes the pass's sources and configuration, which
-salts the FX graph and AOTAutograd cache keys; both caches stay on. The
+salts the FX graph and AOTAutograd cache keys; both caches stay on (unless
+program variants are wanted and the decision cache is off, see Note
+[Decision cache]). The
 pass's own decisions are cached too (Note [Decision cache] in
 ``inductor_pass/decision_cache.py``), so a warm process pays next to nothing.
 If the installed torch lacks ``CompiledFxGraph.post_compile``, the pass is
@@ -267,6 +269,8 @@ class _FirstCallPass:
                 order=rep.permuted_order if new_call is not None else None,
             )
 
+        if not self.variants and config.variants:
+            self._load_variants(source, config)
         cands = [candidate("default", source, glob, self.impl, partitions)]
         rep = cands[0].report
         for name, src, glb, call, parts in self.variants:
@@ -306,6 +310,22 @@ class _FirstCallPass:
         elif best.chosen is not best.original:
             self._next = best.chosen
         return rep, entry
+
+    def _load_variants(self, source: str, config: PassConfig) -> None:
+        """Variant programs of a graph loaded from AOTAutograd's cache (Note [Decision cache])."""
+        from inductor_pass import decision_cache, variants
+
+        if not decision_cache.enabled(config):
+            return
+        key = decision_cache.variants_key(source, TorchReplayPass(config).uuid())
+        stored = decision_cache.load_variants(key)
+        for name, _ in variants.flipped_options(config.variants):
+            src = stored.get(name)
+            loaded = decision_cache.load_program(src) if src is not None else None
+            if loaded is None:
+                self.variant_notes.append(f"variant {name} unavailable (not in the pass's cache)")
+                continue
+            self.variants.append((name, src, *loaded))
 
     def _from_cache(self, key, source, glob, partitions, kind) -> GraphReport | None:
         """Deploy a cached decision; None when there is none (or it does not apply)."""
@@ -421,6 +441,15 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
     if isinstance(first_call, _FirstCallPass):
         first_call.variants.extend(alternatives)
         first_call.variant_notes.extend(notes)
+        source = getattr(out, "source_code", None)
+        if alternatives and isinstance(source, str):
+            from inductor_pass import decision_cache
+
+            if decision_cache.enabled(_config):
+                decision_cache.store_variants(
+                    decision_cache.variants_key(source, TorchReplayPass(_config).uuid()),
+                    {name: src for name, src, *_ in alternatives},
+                )
     if not hooked:
         # Fallback: arm the pass only on a callable that post_compile did not wrap.
         call = getattr(out, "current_callable", None)
@@ -499,6 +528,8 @@ def make_backend(config: PassConfig | None = None):
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx
 
+        from inductor_pass import decision_cache
+
         cfg = config or get_config()
         existing = getattr(inductor_config, "post_grad_custom_post_pass", None)
         if isinstance(existing, TorchReplayPass):
@@ -506,7 +537,17 @@ def make_backend(config: PassConfig | None = None):
         patches = dict(options.get("options") or {})
         if hasattr(inductor_config, "post_grad_custom_post_pass"):
             patches["post_grad_custom_post_pass"] = TorchReplayPass(cfg, existing)
-        with _armed(cfg):  # also arms graphs loaded from AOTAutograd's cache
+        no_aot_cache = contextlib.nullcontext()
+        if cfg.variants and not decision_cache.enabled(cfg):
+            # Variants of graphs loaded from AOTAutograd's cache come from the
+            # decision cache (Note [Decision cache]); without it, compile them.
+            try:
+                from torch._functorch import config as functorch_config
+
+                no_aot_cache = functorch_config.patch(enable_autograd_cache=False)
+            except Exception:
+                pass
+        with no_aot_cache, _armed(cfg):  # also arms graphs loaded from AOTAutograd's cache
             return compile_fx(
                 gm,
                 example_inputs,

@@ -12,7 +12,12 @@ the inputs' metadata. All of these form the key; the value is the decision
 rebuilds the permuted ``call`` from the original source and the cached order
 (:func:`inductor_pass.wrapper_ast.render_region`, milliseconds) and runs no
 kernel of the pass, so Inductor's own caches (FX graph and AOTAutograd) can
-stay on. Entries live under Inductor's cache directory
+stay on. A graph loaded from AOTAutograd's cache skips the backend's inner
+compile, so its variant programs (Note [Program variants] in
+``inductor_pass/variants.py``) are not compiled again: their sources are kept
+here too, keyed by the default program's source, and loaded like a cached
+wrapper. With the decision cache off, the backend turns AOTAutograd's cache
+off instead, so that variants are always compiled. Entries live under Inductor's cache directory
 (``TORCHINDUCTOR_CACHE_DIR``) in ``torch_replay_decisions/``, are written
 atomically, and are ignored when unreadable. ``PassConfig.decision_cache =
 False`` or ``torch.compiler.config.force_disable_caches`` turn the cache off.
@@ -35,7 +40,10 @@ __all__ = [
     "decision_key",
     "load",
     "load_program",
+    "load_variants",
     "store",
+    "store_variants",
+    "variants_key",
     "enabled",
 ]
 
@@ -134,6 +142,24 @@ def load_program(source: str) -> tuple[dict[str, Any], Any, Any] | None:
         return None
 
 
+def variants_key(source: str, pass_uuid: str) -> str:
+    """Key of the variant programs compiled beside the default program ``source``."""
+    return decision_key(source, pass_uuid, "variants")
+
+
+def store_variants(key: str, sources: dict[str, str]) -> None:
+    """Remember the variant programs' sources (a process whose graphs come from
+    AOTAutograd's cache compiles none; it loads them with :func:`load_program`)."""
+    _write(key, {"version": _VERSION, "variants": sources})
+
+
+def load_variants(key: str) -> dict[str, str]:
+    """Variant name -> source, as stored by :func:`store_variants` (empty if none)."""
+    entry = load(key)
+    got = entry.get("variants") if entry else None
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}
+
+
 def store(key: str, decision: dict[str, Any], report: dict[str, Any]) -> None:
     """Write a decision atomically (errors are ignored: the cache is an optimisation).
 
@@ -144,7 +170,10 @@ def store(key: str, decision: dict[str, Any], report: dict[str, Any]) -> None:
             other than the default, its source.
         report: ``GraphReport.as_dict()``.
     """
-    entry = {"version": _VERSION, "decision": decision, "report": report}
+    _write(key, {"version": _VERSION, "decision": decision, "report": report})
+
+
+def _write(key: str, entry: dict[str, Any]) -> None:
     path = _path(key)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)

@@ -482,6 +482,23 @@ def test_warm_process_reuses_caches_and_decisions(tmp_path):
     ]
     # A variant chosen in the cold process is loaded from the cache and runs.
     assert cold["mixer"] == warm["mixer"]
+    # Decisions gone, graphs still in AOTAutograd's cache: the variant programs
+    # (not recompiled on such a hit) are loaded from the pass's cache.
+    for dirpath, _, files in os.walk(tmp_path / "inductor" / "torch_replay_decisions"):
+        for name in files:
+            with open(os.path.join(dirpath, name)) as f:
+                if "decision" in json.load(f):
+                    os.remove(os.path.join(dirpath, name))
+    proc = subprocess.run(
+        [sys.executable, "-c", _WARM], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    third = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert third["aot_hits"] >= 1
+    assert [r["variant"] for r in third["reports"]] == [r["variant"] for r in cold["reports"]]
+    for r in third["reports"]:
+        assert not any("decision from the pass's cache" in n for n in r["notes"])
+    assert third["mixer"] == cold["mixer"]
     for r in cold["reports"]:
         assert not any("decision from the pass's cache" in n for n in r["notes"])
     for r in warm["reports"]:
