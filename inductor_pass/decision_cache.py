@@ -2,7 +2,7 @@
 
 Note [Decision cache]
 The pass profiles, searches and measures every graph at its first call
-(Note [Profiling on real inputs] in ``inductor_pass/backend.py``). Its outcome
+(Note [Profiling on real inputs] in ``inductor_pass/first_call.py``). Its outcome
 depends only on the wrapper's source (the kernels and their order), the pass
 itself (its sources and configuration: ``TorchReplayPass.uuid()``), the torch
 version, and how the call is made: which inputs the call owns (Note [Input

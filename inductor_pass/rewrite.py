@@ -70,7 +70,7 @@ def optimize_wrapper(
         base_globals: The loaded module's globals (kernels, constants).
         real_inputs: The inputs of a real call (copied, never modified). The
             kernels only ever run on copies of real inputs (Note [Profiling
-            on real inputs] in ``inductor_pass/backend.py``).
+            on real inputs] in ``inductor_pass/first_call.py``).
         original_call: The loaded ``call`` (built from ``source`` when None).
         partitions: ``runner.partitions`` of the loaded module, if any.
         config: Pass options.

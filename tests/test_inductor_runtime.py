@@ -225,6 +225,9 @@ def test_issue_case_backward_is_not_deployed_above_the_real_peak(one_thread):
     # The model is the real call: modelled == measured under the runtime's convention.
     assert bw.byte_exact is True
     assert bw.modelled_original_peak == bw.measured_original_peak
+    # The core maps owned inputs exactly (producer -1): its bounds are reported.
+    assert bw.lower_bound is not None and bw.lower_bound <= bw.modelled_permuted_peak
+    assert not any("mapping not exact" in n for n in bw.notes)
 
 
 _FAMILY = [
