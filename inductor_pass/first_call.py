@@ -133,7 +133,10 @@ class FirstCallPass:
         elif any(c.report.device != "cpu" for c in cands):
             best, why = cands[0], "variants are chosen on CPU only (byte-exact guard)"
         else:
-            best, why = variants.choose(cands, args, owned)
+            try:
+                best, why = variants.choose(cands, args, owned)
+            except Exception as exc:  # a variant is an option; never fatal
+                best, why = cands[0], f"variant choice failed ({type(exc).__name__}: {exc})"
         rep.variants = {c.name: variants.summary(c.report) for c in cands}
         rep.notes.append("profiled on a copy of the first call's real inputs")
         if owned is None:
