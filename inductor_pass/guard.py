@@ -66,6 +66,7 @@ __all__ = [
     "measure_cpu",
     "measure_cuda",
     "bitwise_equal",
+    "alias_pattern",
 ]
 
 _PROBE = "torch_replay_probe_"
@@ -535,6 +536,22 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
         return t
     view = _INT_VIEW.get(t.element_size())
     return t.view(view) if view is not None and t.dtype != view else t
+
+
+def alias_pattern(values: Sequence[Any]) -> list[int]:
+    """Per tensor of ``values``: the index of the first tensor sharing its storage.
+
+    Two programs whose outputs alias differently (one returns two views of a
+    buffer, the other two buffers) are not interchangeable even with equal
+    values: AOTAutograd's runtime relies on the aliasing it traced.
+    """
+    first: dict[int, int] = {}
+    out = []
+    for i, t in enumerate(_tensors(list(values))):
+        st = t.untyped_storage()
+        key = st.data_ptr() if st.nbytes() else -1 - i
+        out.append(first.setdefault(key, i))
+    return out
 
 
 def bitwise_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:

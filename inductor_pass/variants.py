@@ -14,8 +14,8 @@ the first call the pass optimizes and certifies every program on the same
 copies of the real inputs and under the same input ownership; :func:`choose`
 then takes the program with the lowest measured peak. A program other than
 the default one is deployed only when it is byte-exact (modelled == measured),
-its outputs, strides and final input bytes are bitwise identical to the
-default original program's, and its measured peak is strictly lower than the
+its outputs, strides, output aliasing and final input bytes are identical
+to the default original program's, and its measured peak is strictly lower than the
 default's chosen program (and, when the call owns inputs, not higher when the
 caller holds them all). So the deployed program is never above the best
 variant's, and never above the default. Every variant's peaks and bounds are
@@ -104,13 +104,18 @@ def choose(
         return default, "no variant program is lower"
     best = min(eligible, key=lambda c: c.peak)  # type: ignore[arg-type,return-value]
     copies = guard.copy_real_inputs(inputs)
-    p_ref, out_ref, in_ref = guard.measure_cpu(default.original, copies, owned=owned)
+    _, out_ref, in_ref = guard.measure_cpu(default.original, copies, owned=owned)
     p_def, _, _ = guard.measure_cpu(default.chosen, copies, owned=owned)
     p_best, out_best, in_best = guard.measure_cpu(best.chosen, copies, owned=owned)
-    same = guard.bitwise_equal([*out_ref, *in_ref], [*out_best, *in_best])
+    same = guard.bitwise_equal([*out_ref, *in_ref], [*out_best, *in_best]) and (
+        guard.alias_pattern([*out_ref, *in_ref]) == guard.alias_pattern([*out_best, *in_best])
+    )
     del out_ref, in_ref, out_best, in_best
     if not same:
-        return default, f"variant {best.name} is lower but its outputs are not bitwise identical"
+        return default, (
+            f"variant {best.name} is lower but its outputs are not bitwise identical "
+            "(values, strides or aliasing)"
+        )
     if not p_best < p_def:
         return default, f"variant {best.name} measured {p_best} B, not below {p_def} B"
     if owned is not None and any(owned):

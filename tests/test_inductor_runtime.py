@@ -395,6 +395,41 @@ _MIXER_SRC = textwrap.dedent(
 )
 
 
+def _program(kind):
+    def call(args):
+        (x,) = args
+        args.clear()
+        if kind == "default":  # a transient 4 KiB block on top of the results
+            w = torch.empty(1024)
+            del w
+            return (torch.neg(x), torch.neg(x))
+        if kind == "same":
+            return (torch.neg(x), torch.neg(x))
+        if kind == "aliased":  # equal values, but both outputs are one buffer
+            y = torch.neg(x)
+            return (y, y)
+        return (torch.neg(x), torch.mul(x, -2.0))  # "different" values
+
+    return call
+
+
+@pytest.mark.parametrize("kind", ["same", "aliased", "different"])
+def test_variant_choice_needs_identical_outputs_and_a_lower_measured_peak(kind):
+    from inductor_pass import variants
+    from inductor_pass.report import GraphReport
+
+    def cand(name, prog, peak):
+        rep = GraphReport(byte_exact=True, measured_original_peak=peak, reason="left unchanged")
+        return variants.Candidate(
+            name=name, report=rep, original=prog, chosen=prog, source="", order=None
+        )
+
+    default = cand("default", _program("default"), 4096 + 800)
+    other = cand(kind, _program(kind), 800)
+    best, why = variants.choose([default, other], [torch.randn(100)], None)
+    assert (best is other) == (kind == "same"), why
+
+
 def test_mixer_inference_is_never_above_the_best_inductor_variant(one_thread):
     from torch._inductor import config as inductor_config
 
