@@ -350,7 +350,8 @@ def write_table(path, all_rows, failures, started, done):
         f"torch {torch.__version__}; {TV_INFO}; peaks in KiB of one call as the runtime makes "
         "it: inputs the caller holds (parameters, user inputs) are not counted, inputs the call "
         "owns (a backward graph's saved activations) count from the start and are freed at "
-        "their last use; measured with the counting CPU allocator." + ("" if done else " **Partial: the run is still going or was cut.**"),
+        "their last use; measured with the counting CPU allocator."
+        + ("" if done else " **Partial: the run is still going or was cut.**"),
         "",
         "Columns: `reorder off` = measured peak of Inductor's program with "
         "`reorder_for_peak_memory=False`; `original` = modelled / measured peak of Inductor's "
