@@ -313,7 +313,7 @@ def one(name, model, shape, train):
     del ref, got
     inductor_pass.clear_reports()
     # Reorder off: only the measured peak of Inductor's own program is needed.
-    off_cfg = PassConfig(deploy=False, use_core=False, check_effects=False)
+    off_cfg = PassConfig(deploy=False, use_core=False, check_effects=False, variants=())
     with torch._inductor.config.patch(reorder_for_peak_memory=False):
         run(model, shape, make_backend(off_cfg), train)
     off = inductor_pass.reports()
@@ -347,9 +347,11 @@ def write_table(path, all_rows, failures, started, done):
         "",
         f"Command: `{command_line()}`",
         "",
-        f"torch {torch.__version__}; {TV_INFO}; peaks in KiB of the graph's own allocations "
-        "(inputs, including parameters, held by the caller), measured with the counting CPU "
-        "allocator." + ("" if done else " **Partial: the run is still going or was cut.**"),
+        f"torch {torch.__version__}; {TV_INFO}; peaks in KiB of one call as the runtime makes "
+        "it: inputs the caller holds (parameters, user inputs) are not counted, inputs the call "
+        "owns (a backward graph's saved activations) count from the start and are freed at "
+        "their last use; measured with the counting CPU allocator."
+        + ("" if done else " **Partial: the run is still going or was cut.**"),
         "",
         "Columns: `reorder off` = measured peak of Inductor's program with "
         "`reorder_for_peak_memory=False`; `original` = modelled / measured peak of Inductor's "
@@ -362,12 +364,14 @@ def write_table(path, all_rows, failures, started, done):
         "plain `torch.compile(backend='inductor')`; `search s` = time in the scheduling core "
         "(exact search + bounds, 1 s budget); `pass s` = whole pass (profiling runs, search, "
         "ablation search, guard runs); `compile s` = plain vs ours first call (plain runs first "
-        "and warms the kernel cache, so the pass's compile-time overhead is `pass s`).",
+        "and warms the kernel cache, so the pass's compile-time overhead is `pass s`); "
+        "`program` = the program deployed (Inductor's default, or a variant compiled with "
+        "an option flipped, see `inductor_pass/variants.py`).",
         "",
         "| mode | model | input | graph | units | reorder off | original (mod. / meas.) | "
         "permuted (mod. / meas.) | saving | all-writes | lower bound | cert | deployed | exact "
-        "| bitwise | search s | pass s | compile s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| bitwise | search s | pass s | compile s | program |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     n_cert = n_graphs = n_exact = n_bit = n_dep = 0
     search_s = []
@@ -389,7 +393,8 @@ def write_table(path, all_rows, failures, started, done):
             f"{pct(ours, r.measured_original_peak)} | {abl_s} | "
             f"{fmt(r.lower_bound)} | {'yes' if r.certified else 'no'} | "
             f"{'yes' if r.deployed else 'no'} | {r.byte_exact} | {bitwise} | "
-            f"{r.search_seconds:.2f} | {r.pass_seconds:.1f} | {t_plain:.1f} / {t_ours:.1f} |"
+            f"{r.search_seconds:.2f} | {r.pass_seconds:.1f} | {t_plain:.1f} / {t_ours:.1f} | "
+            f"{r.variant} |"
         )
     share = f"{n_cert}/{n_graphs} ({100.0 * n_cert / n_graphs:.0f}%)" if n_graphs else "0/0"
     lines += [

@@ -5,23 +5,29 @@ The backend calls Inductor's ``compile_fx`` with its own ``inner_compile``, so
 forward, backward (compiled lazily at the first backward) and inference graphs
 all pass through it. Inside, ``compile_fx_inner`` produces a
 ``CompiledFxGraph`` (compiled or loaded from the FX graph cache) and calls its
-``post_compile`` to wrap the callable (input realignment, cudagraphs). For the
-duration of our inner compile only, ``CompiledFxGraph.post_compile`` is
-wrapped so that the pass runs on the finished graph *before* those wrappers:
-it reads ``source_code`` and the loaded module's globals, and when the guard
-accepts the permuted program it replaces ``current_callable`` with a ``call``
-compiled from the permuted source in a copy of those globals. The loaded
-module itself (shared through Inductor's code cache with plain ``inductor``
-compiles of the same graph) is never modified, and ``source_code`` (what the
-FX graph cache stores) stays the original.
+``post_compile`` to wrap the callable (input realignment, cudagraphs). On an
+AOTAutograd cache hit ``inner_compile`` is skipped, but the loaded forward and
+backward graphs still go through ``post_compile``
+(``torch/_functorch/_aot_autograd/aot_autograd_result.py``). So
+``CompiledFxGraph.post_compile`` is wrapped once per process (a pass-through
+unless this thread is inside the backend or its inner compile, see
+:func:`_armed`), and the pass is armed on the finished graph *before*
+Inductor's wrappers: ``current_callable`` becomes a :class:`FirstCallPass`
+that runs the pass at the first call and then calls either the original
+``call`` or one compiled from the permuted source in a copy of the loaded
+module's globals. The loaded module itself (shared through Inductor's code
+cache with plain ``inductor`` compiles of the same graph) is never modified,
+and ``source_code`` (what the caches store) stays the original.
 
-Caches: a cache hit still goes through ``post_compile``, so the pass always
-runs; the pass is also registered as ``post_grad_custom_post_pass`` (an FX
+Caches: the pass is registered as ``post_grad_custom_post_pass`` (an FX
 no-op) whose ``uuid()`` hashes the pass's sources and configuration, which
-salts the FX graph cache key. AOTAutograd's cache would bypass
-``inner_compile`` on a hit, so it is disabled while this backend compiles.
-If the installed torch lacks ``CompiledFxGraph.post_compile``, the pass runs
-after ``compile_fx_inner`` and rewrites only an unwrapped callable; modes that
+salts the FX graph and AOTAutograd cache keys; both caches stay on (unless
+program variants are wanted and the decision cache is off, see Note
+[Decision cache]). The
+pass's own decisions are cached too (Note [Decision cache] in
+``inductor_pass/decision_cache.py``), so a warm process pays next to nothing.
+If the installed torch lacks ``CompiledFxGraph.post_compile``, the pass is
+armed after ``compile_fx_inner`` on an unwrapped callable only; modes that
 produce no Python wrapper (``cpp_wrapper``, AOT) are left unchanged with a
 reason.
 """
@@ -29,9 +35,11 @@ reason.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import os
+import threading
 import traceback
 from collections.abc import Iterator
 from typing import Any
@@ -39,6 +47,7 @@ from typing import Any
 import torch
 
 from inductor_pass.config import PassConfig, get_config
+from inductor_pass.first_call import FirstCallPass
 from inductor_pass.report import GraphReport, record
 
 __all__ = ["TorchReplayPass", "torch_replay_backend", "make_backend", "register"]
@@ -46,11 +55,14 @@ __all__ = ["TorchReplayPass", "torch_replay_backend", "make_backend", "register"
 _SOURCES = (
     "backend.py",
     "config.py",
+    "decision_cache.py",
+    "first_call.py",
     "guard.py",
     "permute.py",
     "report.py",
     "rewrite.py",
     "units.py",
+    "variants.py",
     "wrapper_ast.py",
 )
 
@@ -84,8 +96,8 @@ class TorchReplayPass(_PassBase):  # type: ignore[misc,valid-type]
             with open(os.path.join(here, name), "rb") as f:
                 h.update(f.read())
         cfg = {k: getattr(self.config, k) for k in self.config.__slots__}  # type: ignore[attr-defined]
-        cfg.pop("report", None)
-        cfg.pop("dump_dir", None)
+        for key in ("report", "dump_dir", "decision_cache"):  # do not change programs
+            cfg.pop(key, None)
         h.update(repr(sorted(cfg.items())).encode())
         if self.chained is not None:
             inner = getattr(self.chained, "uuid", lambda: None)()
@@ -119,10 +131,13 @@ def _module_parts(compiled_graph: Any) -> tuple[dict[str, Any], Any, Any]:
 
 
 def run_pass(compiled_graph: Any, example_inputs: Any, kind: str, config: PassConfig) -> None:
-    """Run the pass on a finished ``CompiledFxGraph``; never raises.
+    """Arm the pass on a finished ``CompiledFxGraph``; never raises.
 
-    On success with deployment, ``compiled_graph.current_callable`` (and its
-    runner) are replaced by the permuted program. The report is recorded.
+    ``compiled_graph.current_callable`` becomes a :class:`FirstCallPass`,
+    which runs the pass at the first call (Note [Profiling on real inputs]
+    in ``inductor_pass/first_call.py``) and from then on calls the permuted
+    program when it was deployed, else the original. Graphs the pass cannot
+    handle are reported here.
     """
     from torch._inductor import config as inductor_config
 
@@ -134,32 +149,18 @@ def run_pass(compiled_graph: Any, example_inputs: Any, kind: str, config: PassCo
     if not isinstance(source, str) or getattr(compiled_graph, "current_callable", None) is None:
         return _unchanged(kind, f"{type(compiled_graph).__name__} has no Python wrapper", config)
     from inductor_pass import guard
-    from inductor_pass.rewrite import optimize_wrapper
 
     try:
-        from torch._subclasses.fake_tensor import unset_fake_temporarily
-
+        dynamic = guard.symbolic_inputs(example_inputs)
+        if dynamic:
+            return _unchanged(
+                kind, f"dynamic shapes ({dynamic}); a peak is certified per size", config
+            )
         glob, call, partitions = _module_parts(compiled_graph)
-        if guard.needs_real_inputs(example_inputs):
-            compiled_graph.current_callable = _FirstCallPass(
-                source, glob, call, partitions, kind, config
-            )
-            return None
-        with unset_fake_temporarily():
-            rep, new_call, new_runner = optimize_wrapper(
-                source,
-                glob,
-                example_inputs,
-                original_call=call,
-                partitions=partitions,
-                config=config,
-                kind=kind,
-            )
-        if new_call is not None:
-            compiled_graph.current_callable = new_call
-            if new_runner is not None and hasattr(compiled_graph, "compiled_fn_runner"):
-                compiled_graph.compiled_fn_runner = new_runner
-                compiled_graph.recursively_apply_fns = new_runner.recursively_apply_fns
+        first_call = FirstCallPass(source, glob, call, partitions, kind, config)
+        compiled_graph.current_callable = first_call
+        _HOOK.last_armed = first_call
+        return None
     except Exception as exc:
         rep = GraphReport(
             kind=kind,
@@ -171,90 +172,90 @@ def run_pass(compiled_graph: Any, example_inputs: Any, kind: str, config: PassCo
     return None
 
 
-class _FirstCallPass:
-    """Run the pass at the first call, on a copy of that call's real inputs.
-
-    Used for graphs with integer tensor inputs (indices, Inductor's int8
-    max-pool offsets), for which fabricated inputs could index out of bounds.
-    The first call itself runs the original program (after the pass's own runs
-    on copies); later calls run the permuted program when it was deployed. The
-    report is recorded at the first call.
-    """
-
-    def __init__(self, source, glob, call, partitions, kind, config) -> None:
-        self.impl = call
-        self._pending = (source, glob, partitions, kind, config)
-
-    def __call__(self, args: list[Any]) -> Any:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self._run_pass(args, *pending)
-            call = self.impl
-            self.impl = self._next if self._next is not None else call
-            return call(args)
-        return self.impl(args)
-
-    def _run_pass(self, args, source, glob, partitions, kind, config) -> None:
-        from inductor_pass.rewrite import optimize_wrapper
-
-        self._next = None
-        try:
-            rep, new_call, _ = optimize_wrapper(
-                source,
-                glob,
-                [],
-                original_call=self.impl,
-                partitions=partitions,
-                config=config,
-                kind=kind,
-                real_inputs=list(args),
-            )
-            self._next = new_call
-            rep.notes.append("profiled on a copy of the first call's real inputs")
-        except Exception as exc:
-            rep = GraphReport(
-                kind=kind,
-                original_source=source,
-                reason=f"left unchanged: pass failed ({type(exc).__name__}: {exc})",
-            )
-            rep.notes.append(traceback.format_exc(limit=6))
-        record(rep, print_it=config.report, dump_dir=config.dump_dir)
+_HOOK = threading.local()
+_HOOK_LOCK = threading.Lock()
 
 
-@contextlib.contextmanager
-def _post_compile_hook(kind: str, config: PassConfig) -> Iterator[bool]:
-    """Wrap ``CompiledFxGraph.post_compile`` while one inner compile runs (probed)."""
+def _kind_of(compiled_graph: Any, graph_kwargs: Any) -> str:
+    kw = graph_kwargs if isinstance(graph_kwargs, dict) else {}
+    if kw.get("is_backward"):
+        return "backward"
+    head = (getattr(compiled_graph, "source_code", "") or "")[:400]
+    if "_inference'" in head or kw.get("is_inference"):
+        return "inference"
+    return "forward"
+
+
+def _install_post_compile_hook() -> bool:
+    """Wrap ``CompiledFxGraph.post_compile`` once per process (probed); False if absent."""
     try:
         from torch._inductor.output_code import CompiledFxGraph
     except Exception:
-        yield False
-        return
-    original = CompiledFxGraph.__dict__.get("post_compile")
-    if original is None:
-        yield False
-        return
+        return False
+    with _HOOK_LOCK:
+        current = CompiledFxGraph.__dict__.get("post_compile")
+        if current is None:
+            return False
+        if getattr(current, "_torch_replay_hook", False):
+            return True
+        original = current
 
-    @functools.wraps(original)
-    def post_compile(self: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
-        CompiledFxGraph.post_compile = original  # once per inner compile
-        run_pass(self, example_inputs, kind, config)
-        return original(self, example_inputs, *args, **kwargs)
+        @functools.wraps(original)
+        def post_compile(self: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            sink = getattr(_HOOK, "sink", None)
+            config = getattr(_HOOK, "config", None)
+            if sink is not None:  # a variant program: collected, not armed
+                try:
+                    sink.append((self.source_code, *_module_parts(self)))
+                except Exception as exc:
+                    sink.append(exc)
+            elif config is not None and not isinstance(
+                getattr(self, "current_callable", None), FirstCallPass
+            ):
+                graph_kwargs = args[1] if len(args) > 1 else kwargs.get("graph_kwargs")
+                run_pass(self, example_inputs, _kind_of(self, graph_kwargs), config)
+            return original(self, example_inputs, *args, **kwargs)
 
-    CompiledFxGraph.post_compile = post_compile
+        post_compile._torch_replay_hook = True  # type: ignore[attr-defined]
+        CompiledFxGraph.post_compile = post_compile
+        return True
+
+
+@contextlib.contextmanager
+def _armed(config: PassConfig) -> Iterator[bool]:
+    """Arm the pass on every graph this thread finishes while the block runs."""
+    hooked = _install_post_compile_hook()
+    previous = getattr(_HOOK, "config", None)
+    _HOOK.config = config
     try:
-        yield True
+        yield hooked
     finally:
-        CompiledFxGraph.post_compile = original
+        _HOOK.config = previous
 
 
 def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: PassConfig, **kw):
     from torch._inductor.compile_fx import compile_fx_inner
 
     kind = _kind(kw)
-    with _post_compile_hook(kind, _config) as hooked:
+    alternatives, notes = _compile_variants(gm, example_inputs, kw, _config)
+    _HOOK.last_armed = None
+    with _armed(_config) as hooked:
         out = compile_fx_inner(gm, example_inputs, **kw)
+    first_call, _HOOK.last_armed = getattr(_HOOK, "last_armed", None), None
+    if isinstance(first_call, FirstCallPass):
+        first_call.variants.extend(alternatives)
+        first_call.variant_notes.extend(notes)
+        source = getattr(out, "source_code", None)
+        if alternatives and isinstance(source, str):
+            from inductor_pass import decision_cache
+
+            if decision_cache.enabled(_config):
+                decision_cache.store_variants(
+                    decision_cache.variants_key(source, TorchReplayPass(_config).uuid()),
+                    {name: src for name, src, *_ in alternatives},
+                )
     if not hooked:
-        # Fallback: rewrite only a callable that post_compile did not wrap.
+        # Fallback: arm the pass only on a callable that post_compile did not wrap.
         call = getattr(out, "current_callable", None)
         runner = getattr(out, "compiled_fn_runner", None)
         bare = runner is not None and getattr(call, "__func__", None) is getattr(
@@ -265,6 +266,55 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
         else:
             _unchanged(kind, "this torch has no CompiledFxGraph.post_compile hook", _config)
     return out
+
+
+def _compile_variants(gm, example_inputs, kw, config: PassConfig):
+    """Compile the graph's alternative programs (Note [Program variants]).
+
+    Runs before the default compile, on copies of ``gm`` (Inductor's post-grad
+    passes rewrite the graph in place).
+
+    Returns:
+        ``(alternatives, notes)``: ``(name, source, globals, call, partitions)``
+        per compiled variant, and why any variant is missing.
+    """
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    from inductor_pass import guard, variants
+
+    if not (config.enabled and config.variants) or guard.symbolic_inputs(example_inputs):
+        return [], []
+    if getattr(inductor_config, "cpp_wrapper", False):
+        return [], []
+    from torch._guards import TracingContext
+
+    context = TracingContext.try_get()
+    out, notes = [], []
+    for name, patch in variants.flipped_options(config.variants):
+        sink: list[Any] = []
+        previous = getattr(_HOOK, "sink", None)
+        # post_compile records the graph's output strides in the tracing
+        # context for AOTAutograd; only the default program may leave them.
+        strides = getattr(context, "output_strides", None)
+        saved = list(strides) if strides is not None else None
+        try:
+            gm_copy = copy.deepcopy(gm)
+            _HOOK.sink = sink
+            with inductor_config.patch(patch):
+                compile_fx_inner(gm_copy, example_inputs, **kw)
+        except Exception as exc:
+            notes.append(f"variant {name} not compiled: {type(exc).__name__}: {exc}")
+            continue
+        finally:
+            _HOOK.sink = previous
+            if saved is not None and strides is not None:
+                strides[:] = saved
+        if len(sink) == 1 and isinstance(sink[0], tuple):
+            out.append((name, *sink[0]))
+        else:
+            notes.append(f"variant {name} has no Python wrapper to use ({sink!r:.80})")
+    return out, notes
 
 
 def make_backend(config: PassConfig | None = None):
@@ -282,6 +332,8 @@ def make_backend(config: PassConfig | None = None):
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx
 
+        from inductor_pass import decision_cache
+
         cfg = config or get_config()
         existing = getattr(inductor_config, "post_grad_custom_post_pass", None)
         if isinstance(existing, TorchReplayPass):
@@ -289,13 +341,17 @@ def make_backend(config: PassConfig | None = None):
         patches = dict(options.get("options") or {})
         if hasattr(inductor_config, "post_grad_custom_post_pass"):
             patches["post_grad_custom_post_pass"] = TorchReplayPass(cfg, existing)
-        try:
-            from torch._functorch import config as functorch_config
+        no_aot_cache = contextlib.nullcontext()
+        if cfg.variants and not decision_cache.enabled(cfg):
+            # Variants of graphs loaded from AOTAutograd's cache come from the
+            # decision cache (Note [Decision cache]); without it, compile them.
+            try:
+                from torch._functorch import config as functorch_config
 
-            no_aot_cache = functorch_config.patch(enable_autograd_cache=False)
-        except Exception:
-            no_aot_cache = contextlib.nullcontext()
-        with no_aot_cache:
+                no_aot_cache = functorch_config.patch(enable_autograd_cache=False)
+            except Exception:
+                pass
+        with no_aot_cache, _armed(cfg):  # also arms graphs loaded from AOTAutograd's cache
             return compile_fx(
                 gm,
                 example_inputs,

@@ -36,6 +36,13 @@ class PassConfig:
         default_factory=lambda: os.environ.get("TORCH_REPLAY_DUMP") or None
     )
     """Write original and permuted wrapper sources here (env ``TORCH_REPLAY_DUMP=DIR``)."""
+    variants: tuple[str, ...] = ("reorder_for_peak_memory",)
+    """Boolean Inductor options to flip, one at a time, to compile alternative programs of
+    each graph; the lowest byte-exact one is deployed (Note [Program variants] in
+    ``inductor_pass/variants.py``). ``()``: only Inductor's default program."""
+    decision_cache: bool = True
+    """Cache each graph's decision on disk, keyed by the wrapper's source, the pass and
+    the call (Note [Decision cache] in ``inductor_pass/decision_cache.py``)."""
     inject_failure: str | None = None
     """Testing: raise inside the pass at this stage (``"parse"``, ``"profile"``,
     ``"search"``, ``"guard"``) to exercise the fallback."""

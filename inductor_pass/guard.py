@@ -4,10 +4,34 @@ Note [Allocator guard]
 On CPU the guard runs a program inside a counting window of the C++ counting
 allocator (``csrc/aten/counting_allocator.h``, Note [Counting CPU
 allocator]): every CPU allocation of the run is counted to the byte, so the
-measured peak is exact and must equal the modelled one. The guard holds a
-reference to every input for the whole run (inputs are never freed), runs
-under ``torch.no_grad()`` from the same generator state, and restores the
-generator state afterwards. On CUDA the caching allocator rounds and caches
+measured peak is exact and must equal the modelled one. Programs are called
+as the runtime calls them (Note [Input ownership]): the guard holds the inputs
+the runtime's caller holds, and an input the call owns is referenced only by
+the list passed to ``call`` (which the wrapper clears); its copy is made
+inside the window, so its bytes count from the start and its free at the
+wrapper's ``del`` is seen. Runs are under ``torch.no_grad()`` from the same
+generator state, which is restored afterwards.
+
+Note [Input ownership]
+Inductor's ``call(args)`` unpacks ``args`` and clears the list, so an input is
+freed at the ``del`` after its last use unless someone else references it.
+What holds it depends on the caller (torch 2.13,
+``torch/_functorch/_aot_autograd/runtime_wrappers.py``): a forward or
+inference graph's inputs are the user's inputs and the module's parameters
+and buffers, held by the caller for the whole call; a backward graph gets
+``[*saved_tensors, *grads]`` in a list built by ``_backward_prologue`` after
+``ctx.maybe_clear_saved_tensors()`` (unless ``retain_graph``), so a saved
+activation that is not also a parameter, an input or an output still held by
+the user is referenced by that list only and dies at its last use; donated
+buffers (``bw_donated_idxs``) are such activations that Inductor may even
+reuse in place. Rather than predicting this from metadata, the pass looks at
+the first real call (:func:`input_ownership`): an input is *owned* by the
+call when the list is the only reference to its Python object, to its
+TensorImpl and to its storage (the same test as ``cudagraph_trees``'s
+storage liveness). Owned inputs are modelled as live from the start and freed
+at their last ``del``; held inputs are never freed and never counted. The
+peak of a call is then the bytes above what the caller holds, which is what a
+user measures in a real step, less a constant. On CUDA the caching allocator rounds and caches
 blocks, so the CUDA guard only compares ``torch.cuda.max_memory_allocated``
 of both programs (the permuted one is deployed when it is lower); it is
 behind ``torch.cuda.is_available()``.
@@ -23,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from inductor_pass.units import declared_effects
 from inductor_pass.wrapper_ast import StmtKind, Wrapper, render_region
@@ -31,16 +56,18 @@ __all__ = [
     "DynamicShapes",
     "counting_window",
     "build_call",
-    "make_real_inputs",
-    "needs_real_inputs",
+    "symbolic_inputs",
     "copy_real_inputs",
+    "input_ownership",
     "EffectsProfile",
     "profile_effects",
+    "storage_digest",
     "profile_memory",
     "measure_cpu",
     "measure_cuda",
     "time_cuda",
     "bitwise_equal",
+    "alias_pattern",
 ]
 
 _PROBE = "torch_replay_probe_"
@@ -105,61 +132,16 @@ def build_call(
     return ns["call"], None
 
 
-def make_real_inputs(example_inputs: Sequence[Any], seed: int = 0) -> list[Any]:
-    """Real tensors with the metadata of (fake) example inputs.
-
-    Floating and complex tensors are filled from a seeded normal distribution,
-    others with zeros (valid indices). Real tensors are cloned with their
-    strides; non-tensor inputs are passed through.
-
-    Raises:
-        DynamicShapes: An input has symbolic sizes.
-    """
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    gen = torch.Generator().manual_seed(seed)
-    out: list[Any] = []
-    with unset_fake_temporarily():
-        for x in example_inputs:
-            if not isinstance(x, torch.Tensor):
-                if isinstance(x, torch.SymInt):
-                    raise DynamicShapes("symbolic integer input")
-                out.append(x)
-                continue
-            if any(not isinstance(s, int) for s in (*x.shape, *x.stride(), x.storage_offset())):
-                raise DynamicShapes("symbolic tensor sizes")
-            size, stride, off = tuple(x.shape), tuple(x.stride()), x.storage_offset()
-            numel = off + sum((s - 1) * st for s, st in zip(size, stride, strict=True) if s > 0) + 1
-            if any(s == 0 for s in size):
-                numel = off
-            base = torch.zeros(max(numel, 0), dtype=x.dtype)
-            if x.dtype.is_floating_point or x.dtype.is_complex:
-                base.copy_(torch.randn(base.shape, generator=gen, dtype=torch.float64))
-            t = base.as_strided(size, stride, off).to(x.device)
-            if x.device.type != "cpu":
-                t = torch.empty_strided(size, stride, dtype=x.dtype, device=x.device).copy_(t)
-            out.append(t.requires_grad_(False))
-    return out
-
-
-def needs_real_inputs(example_inputs: Sequence[Any]) -> bool:
-    """Whether fabricated inputs could be invalid for the graph: an integer tensor input.
-
-    Integer tensors are often indices (gathers, embeddings, Inductor's int8
-    max-pool window offsets): fabricated values can index out of bounds, so
-    such graphs are profiled on a copy of their first real inputs instead.
-    """
-    found = False
+def symbolic_inputs(example_inputs: Sequence[Any]) -> str:
+    """Why the graph has symbolic sizes ("" when every size is static)."""
     for x in example_inputs:
         if isinstance(x, torch.SymInt):
-            return False  # dynamic shapes: left unchanged by the compile-time path
-        if not isinstance(x, torch.Tensor):
-            continue
-        if any(not isinstance(s, int) for s in (*x.shape, *x.stride(), x.storage_offset())):
-            return False
-        if x.dtype != torch.bool and not (x.dtype.is_floating_point or x.dtype.is_complex):
-            found = True
-    return found
+            return "symbolic integer input"
+        if isinstance(x, torch.Tensor) and any(
+            not isinstance(s, int) for s in (*x.shape, *x.stride(), x.storage_offset())
+        ):
+            return "symbolic tensor sizes"
+    return ""
 
 
 def copy_real_inputs(inputs: Sequence[Any]) -> list[Any]:
@@ -171,19 +153,82 @@ def copy_real_inputs(inputs: Sequence[Any]) -> list[Any]:
     if any(isinstance(x, torch.SymInt) for x in inputs):
         raise DynamicShapes("symbolic integer input")
     with torch.no_grad():
-        return [x.detach() if isinstance(x, torch.Tensor) else x for x in _clone_inputs(inputs)]
+        return [x.detach() if isinstance(x, torch.Tensor) else x for x in _clone_list(inputs)]
 
 
-def _clone_inputs(inputs: Sequence[Any]) -> list[Any]:
-    out = []
-    for x in inputs:
+def input_ownership(args: list[Any]) -> list[bool]:
+    """Which inputs of a real call the call owns (see Note [Input ownership]).
+
+    Call with the list the runtime passes to ``call``, before anything else
+    references its elements. An input is owned when the list holds the only
+    reference to its Python object and to its TensorImpl, and the storage is
+    referenced only by TensorImpls of owned list elements.
+
+    Returns:
+        One flag per position (False for non-tensors).
+    """
+    import sys
+
+    n = len(args)
+    owned = [False] * n
+    per_storage: dict[int, list[int]] = {}
+    for i in range(n):
+        x = args[i]
+        # References: the list, ``x`` and getrefcount's argument.
+        if isinstance(x, torch.Tensor) and sys.getrefcount(x) == 3 and x._use_count() == 1:
+            owned[i] = True
         if isinstance(x, torch.Tensor):
-            y = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=x.device)
-            y.copy_(x)
-            out.append(y)
-        else:
-            out.append(x)
+            per_storage.setdefault(_storage_key(x), []).append(i)
+        del x
+    for positions in per_storage.values():
+        if not all(owned[i] for i in positions):
+            for i in positions:
+                owned[i] = False
+            continue
+        st = args[positions[0]].untyped_storage()
+        # The TensorImpls of these positions plus ``st`` itself.
+        if torch._C._storage_Use_Count(st._cdata) != len(positions) + 1:
+            for i in positions:
+                owned[i] = False
+        del st
+    return owned
+
+
+def _storage_key(x: torch.Tensor) -> int:
+    st = x.untyped_storage()
+    return st.data_ptr() if st.nbytes() else id(st) ^ (1 << 62)
+
+
+def _clone_inputs(inputs: Sequence[Any], positions: Sequence[int] | None = None) -> dict[int, Any]:
+    """Copies of ``inputs`` (the given positions; all by default) with the same
+    strides, offsets and storage sharing: inputs that share a storage share
+    one copy of the whole storage."""
+    out: dict[int, Any] = {}
+    copies: dict[int, torch.UntypedStorage] = {}
+    for i in range(len(inputs)) if positions is None else positions:
+        x = inputs[i]
+        if not isinstance(x, torch.Tensor):
+            out[i] = x
+            continue
+        src = x.untyped_storage()
+        key = _storage_key(x)
+        st = copies.get(key)
+        if st is None:
+            # torch.empty allocates through the current CPU allocator (the
+            # counting one inside a window); UntypedStorage(n) does not.
+            st = torch.empty(src.nbytes(), dtype=torch.uint8, device=x.device).untyped_storage()
+            if src.nbytes():
+                _bytes_view(st).copy_(_bytes_view(src))
+            copies[key] = st
+        y = torch.empty(0, dtype=x.dtype, device=x.device)
+        y.set_(st, x.storage_offset(), x.shape, x.stride())
+        out[i] = y
     return out
+
+
+def _clone_list(inputs: Sequence[Any]) -> list[Any]:
+    got = _clone_inputs(inputs)
+    return [got[i] for i in range(len(inputs))]
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -197,6 +242,20 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 def _bytes_view(st: torch.UntypedStorage) -> torch.Tensor:
     t = torch.empty(0, dtype=torch.uint8, device=st.device)
     return t.set_(st, 0, (st.nbytes(),), (1,))
+
+
+def storage_digest(st: torch.UntypedStorage) -> tuple[int, int]:
+    """128-bit hash of a storage's bytes (``torch.ops.torch_replay.hash_ranges``).
+
+    The effect check compares digests before and after each unit instead of
+    copies of every live storage: no extra memory, one read per storage per
+    probe. Two different contents hash equal with probability about 2^-128.
+    """
+    _ext()  # loads the extension, which registers the op
+    ranges = torch.tensor([[0, st.nbytes()]], dtype=torch.int64)
+    h = torch.ops.torch_replay.hash_ranges(_bytes_view(st), ranges)
+    lo, hi = h.tolist()
+    return int(lo), int(hi)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -263,56 +322,66 @@ def profile_effects(
 ) -> EffectsProfile:
     """Run the original program once with a probe between statements.
 
-    Records which storages every name refers to (storages are pinned for the
-    run, so data pointers identify them), their sizes, and, with
-    ``check_bytes``, which storages each unit changed (bytes compared before
-    and after the unit), for the effect-completeness check.
+    Records which storages every name refers to, their sizes, and, with
+    ``check_bytes``, which storages each unit changed (a 128-bit hash of every
+    live storage compared before and after the unit, :func:`storage_digest`),
+    for the effect-completeness check. Storages are freed as in a normal run.
     """
     order = list(range(len(wrapper.region)))
     per_pos = _bound_names_per_position(wrapper, order)
     gnames = _global_tensor_names(wrapper, base_globals)
     prof = EffectsProfile()
-    pinned: dict[int, torch.UntypedStorage] = {}
+    # Storages are keyed by their StorageImpl address. A weak reference to each
+    # keeps that address from being reused during the run (the intrusive weak
+    # count keeps the StorageImpl object, not its bytes), so keys are unique
+    # while freed storages really are freed.
+    weak: dict[int, Any] = {}
     state: dict[str, Any] = {"snap": None, "prev": None}
 
-    def keys_of(value: Any) -> frozenset[int]:
-        ks = set()
+    def storages_of(value: Any) -> dict[int, torch.UntypedStorage]:
+        out: dict[int, torch.UntypedStorage] = {}
         for t in _tensors(value):
             st = t.untyped_storage()
             if st.nbytes() == 0:
                 continue
-            k = st.data_ptr()
-            pinned.setdefault(k, st)
+            k = st._cdata
+            if k not in weak:
+                weak[k] = StorageWeakRef(st)
             prof.sizes[k] = st.nbytes()
-            ks.add(k)
-        return frozenset(ks)
+            out[k] = st
+        return out
 
     def probe(pos: int, bound: dict[str, Any]) -> None:
-        live_keys: set[int] = set()
+        live: dict[int, torch.UntypedStorage] = {}
         for n, v in bound.items():
-            ks = keys_of(v)
+            sts = storages_of(v)
+            ks = frozenset(sts)
             old = prof.name_storages.get(n)
             if old is not None and old != ks:
                 prof.problems.append(f"name {n} changed storage during the run")
             prof.name_storages[n] = ks
-            live_keys |= ks
+            live.update(sts)
         if pos == 0:
-            prof.external |= live_keys
+            prof.external |= set(live)
+        cur: dict[int, tuple[int, int]] = {}
+
+        def digest(k: int) -> tuple[int, int]:
+            if k not in cur:
+                cur[k] = storage_digest(live[k])
+            return cur[k]
+
         if state["snap"] is not None:
-            k_prev = state["prev"]
-            changed = set()
-            for key, before in state["snap"].items():
-                if not torch.equal(_bytes_view(pinned[key]), before):
-                    changed.add(key)
-            prof.changed[k_prev] = changed
+            prof.changed[state["prev"]] = {
+                k for k, before in state["snap"].items() if k not in live or digest(k) != before
+            }
             state["snap"] = None
         if pos < len(order) and wrapper.region[order[pos]].kind is StmtKind.UNIT and check_bytes:
-            state["snap"] = {k: _bytes_view(pinned[k]).clone() for k in live_keys}
+            state["snap"] = {k: digest(k) for k in live}
             state["prev"] = order[pos]
 
     src = render_region(wrapper, order, probes=_probe_lines(per_pos, gnames))
     call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
-    args = _clone_inputs(inputs)
+    args = _clone_list(inputs)
 
     def run():
         with torch.no_grad():
@@ -338,14 +407,50 @@ def profile_effects(
     return prof
 
 
+class _RuntimeArgs:
+    """Copies of the inputs, passed as the runtime passes them (Note [Input ownership]).
+
+    Held inputs are copied at construction (outside any counting window) and
+    referenced here for the run; :meth:`take` copies the owned ones (call it
+    inside the window) and returns the list for ``call``, which is then the
+    only reference to them.
+    """
+
+    def __init__(self, inputs: Sequence[Any], owned: Sequence[bool] | None) -> None:
+        n = len(inputs)
+        self.inputs = inputs
+        self.owned = [bool(owned[i]) if owned is not None else False for i in range(n)]
+        self.held = _clone_inputs(inputs, [i for i in range(n) if not self.owned[i]])
+
+    def take(self) -> list[Any]:
+        own = _clone_inputs(self.inputs, [i for i, o in enumerate(self.owned) if o])
+        lst = [own[i] if o else self.held[i] for i, o in enumerate(self.owned)]
+        own.clear()
+        return lst
+
+    def final_held(self) -> list[Any]:
+        """The held inputs after the run (owned ones may be gone)."""
+        return [self.held[i] for i in sorted(self.held)]
+
+
 def profile_memory(
-    wrapper: Wrapper, base_globals: dict[str, Any], inputs: Sequence[Any], *, partitions: Any = None
-) -> tuple[list[int], list[int]]:
+    wrapper: Wrapper,
+    base_globals: dict[str, Any],
+    inputs: Sequence[Any],
+    *,
+    partitions: Any = None,
+    owned: Sequence[bool] | None = None,
+) -> tuple[list[int], list[int], int]:
     """Run the original program in a counting window with a probe between statements.
 
+    Args:
+        owned: Per input, whether the call owns it (Note [Input ownership]);
+            None: every input is held by the caller.
+
     Returns:
-        ``(transient, live_after)`` per region statement: the peak bytes
-        above the live count while it ran, and the live bytes after it.
+        ``(transient, live_after, peak)``: per region statement the peak
+        bytes above the live count while it ran and the live bytes after it
+        (owned inputs count from the start), and the peak of the whole run.
     """
     ext = _ext()
     n = len(wrapper.region)
@@ -360,56 +465,66 @@ def profile_memory(
 
     src = render_region(wrapper, list(range(n)), probes={p: f"{_PROBE}({p})" for p in range(n + 1)})
     call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
-    args = _clone_inputs(inputs)
-    keep = list(args)
+    args = _RuntimeArgs(inputs, owned)
 
     def run():
         with torch.no_grad(), counting_window():
-            out = call(list(args))
+            out = call(args.take())
         return out
 
     out = _with_rng(run)
-    del out, keep
+    del out
     transient = [peak[p + 1] - live[p] for p in range(n)]
-    return transient, live[1:]
+    return transient, live[1:], max(peak)
 
 
 def measure_cpu(
-    call: Callable[[list[Any]], Any], inputs: Sequence[Any]
+    call: Callable[[list[Any]], Any],
+    inputs: Sequence[Any],
+    *,
+    owned: Sequence[bool] | None = None,
 ) -> tuple[int, list[Any], list[Any]]:
-    """Measured peak bytes of one run (counting allocator), its outputs and final inputs.
+    """Measured peak bytes of one run (counting allocator), its outputs and final held inputs.
 
-    The inputs are cloned first (outside the window) and held for the run.
+    Args:
+        call: The program.
+        inputs: Its inputs (copied, never modified).
+        owned: Per input, whether the call owns it (Note [Input ownership]):
+            owned inputs are copied inside the window and referenced only by
+            the list passed to ``call``; None: every input is held.
     """
-    args = _clone_inputs(inputs)
+    args = _RuntimeArgs(inputs, owned)
 
     def run():
         with torch.no_grad(), counting_window() as stats:
-            out = call(list(args))
+            out = call(args.take())
             peak = stats()["peak"]
         return peak, out
 
     peak, out = _with_rng(run)
-    return int(peak), _tensors(out), args
+    return int(peak), _tensors(out), args.final_held()
 
 
 def measure_cuda(
-    call: Callable[[list[Any]], Any], inputs: Sequence[Any]
+    call: Callable[[list[Any]], Any],
+    inputs: Sequence[Any],
+    *,
+    owned: Sequence[bool] | None = None,
 ) -> tuple[int, list[Any], list[Any]]:  # pragma: no cover - needs a GPU
     """Measured peak bytes on CUDA (``max_memory_allocated`` above the start)."""
-    args = _clone_inputs(inputs)
+    args = _RuntimeArgs(inputs, owned)
 
     def run():
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         with torch.no_grad():
-            out = call(list(args))
+            out = call(args.take())
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base, out
 
     peak, out = _with_rng(run)
-    return int(peak), _tensors(out), args
+    return int(peak), _tensors(out), args.final_held()
 
 
 def time_cuda(call: Callable[[list[Any]], Any], inputs: Sequence[Any], *, reps: int = 3) -> Any:
@@ -442,6 +557,22 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
         return t
     view = _INT_VIEW.get(t.element_size())
     return t.view(view) if view is not None and t.dtype != view else t
+
+
+def alias_pattern(values: Sequence[Any]) -> list[int]:
+    """Per tensor of ``values``: the index of the first tensor sharing its storage.
+
+    Two programs whose outputs alias differently (one returns two views of a
+    buffer, the other two buffers) are not interchangeable even with equal
+    values: AOTAutograd's runtime relies on the aliasing it traced.
+    """
+    first: dict[int, int] = {}
+    out = []
+    for i, t in enumerate(_tensors(list(values))):
+        st = t.untyped_storage()
+        key = st.data_ptr() if st.nbytes() else -1 - i
+        out.append(first.setdefault(key, i))
+    return out
 
 
 def bitwise_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:

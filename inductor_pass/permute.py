@@ -16,7 +16,13 @@ or the allocation attached to it), consumed by the other units that use one
 of its names, and an output when a name of it is never deleted; a unit whose
 profiled transient exceeds its own new results gets a workspace buffer of
 the difference with no consumer; all precedences (RAW/WAR/WAW, name
-bindings, barriers) are ``extra_edges``. Under the emission rules (allocation
+bindings, barriers) are ``extra_edges``. An input the call owns (Note [Input
+ownership] in ``inductor_pass/guard.py``) is a graph input (producer -1)
+consumed by the units that use it, so the core frees it after its last use
+as the wrapper does. The core does not count an owned input no unit uses
+(the wrapper deletes it before the first unit), but every owned input is live
+when the call starts: the modelled peak is ``max(owned bytes, core peak)``
+and so are the bounds. Under the emission rules (allocation
 right before its unit, ``del`` as early as legal) the core's peak then equals
 the modelled peak of the emitted program. This is checked on every graph for
 the original and the chosen order; only when both agree are the core's
@@ -125,7 +131,7 @@ def _greedy(
             freed = sum(
                 model.sizes[s]
                 for s in model.reads[u] | model.writes[u]
-                if s not in model.external and remaining.get(s) == {u} and s not in new_of[u]
+                if model.counted(s) and remaining.get(s) == {u} and s not in new_of[u]
             )
             return (alloc - freed, u)
 
@@ -166,10 +172,16 @@ def core_problem(
         for s in model.storages_of(names) - model.external:
             producer.setdefault(s, idx[u])
     # Aliases bind existing storages; anything else must have a producer.
-    internal = {s for n, ss in model.name_storages.items() for s in ss} - model.external
+    named = {s for n, ss in model.name_storages.items() for s in ss}
+    internal = named - model.external
     missing = internal - producer.keys()
     if missing:
         return None, f"{len(missing)} storage(s) are bound by no unit"
+    # Owned inputs are graph inputs of the core problem (producer -1), freed
+    # after their last consumer like any other buffer.
+    for s in model.owned & named:
+        producer[s] = -1
+    internal |= model.owned & named
     users: dict[int, set[int]] = {s: set() for s in internal}
     for u in units:
         for s in model.storages_of(region[u].uses):
@@ -240,11 +252,18 @@ def search_order(
                 idx = idx_or_reason  # type: ignore[assignment]
                 from torch_replay import schedule
 
-                sol = schedule.plan_unit_order(problem, time_limit_s=time_limit_s)
-                cands["core"] = [units[i] for i in sol.order]
-                result_bounds = dict(sol.bounds)
-                lower = sol.lower_bound
-                certified = sol.certified
+                floor = sum(model.sizes[s] for s in model.owned)
+                if problem.peak(list(range(len(units)))) <= floor:
+                    # The owned inputs alone, live at the start, reach the
+                    # original order's peak: it is optimal, no search needed.
+                    lower, certified = floor, True
+                    note = "original order certified by the owned inputs' bytes; no search"
+                else:
+                    sol = schedule.plan_unit_order(problem, time_limit_s=time_limit_s)
+                    cands["core"] = [units[i] for i in sol.order]
+                    result_bounds = dict(sol.bounds)
+                    lower = sol.lower_bound
+                    certified = sol.certified
         except Exception as exc:  # the core is an optimisation; never fatal
             note = f"core failed: {type(exc).__name__}: {exc}"
             problem = None
@@ -265,10 +284,14 @@ def search_order(
         raise EmissionError(f"the original unit order cannot be emitted ({note})")
     best = min(scored, key=lambda k: (scored[k], k != "original"))
     unit_order = cands[best]
+    floor = sum(model.sizes[s] for s in model.owned)
+    if lower is not None:
+        lower = max(lower, floor)
+        result_bounds = {k: max(v, floor) for k, v in result_bounds.items()}
     if problem is not None:
         try:
-            core_orig = problem.peak([idx[u] for u in units])
-            core_best = problem.peak([idx[u] for u in unit_order])
+            core_orig = max(floor, problem.peak([idx[u] for u in units]))
+            core_best = max(floor, problem.peak([idx[u] for u in unit_order]))
             mapping_exact = core_orig == scored["original"] and core_best == scored[best]
         except Exception as exc:
             note += f"; core peak failed: {exc}"

@@ -27,6 +27,20 @@ class GraphReport:
     modelled_permuted_peak: int | None = None
     measured_original_peak: int | None = None
     measured_permuted_peak: int | None = None
+    num_inputs: int = 0
+    """Tensor inputs of the graph."""
+    owned_inputs: int = 0
+    """Inputs the call owns (freed at their last use, Note [Input ownership] in
+    ``inductor_pass/guard.py``); peaks count them from the start of the call."""
+    measured_all_held_peaks: tuple[int, int] | None = None
+    """(original, permuted) measured peaks when the caller holds every input
+    (only measured when the call owns some)."""
+    variant: str = "default"
+    """The program deployed: Inductor's default one, or a variant (Note [Program
+    variants] in ``inductor_pass/variants.py``)."""
+    variants: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Per program (``default`` and each variant): modelled and measured peaks,
+    lower bound, certificate and the pass's decision on it."""
     ablation_permuted_peak: int | None = None
     """Modelled peak when every access is treated as a write (``PassConfig.ablation``)."""
     byte_exact: bool | None = None
@@ -57,12 +71,29 @@ class GraphReport:
     original_source: str | None = field(default=None, repr=False)
     live_original: list[int] = field(default_factory=list, repr=False)
     live_permuted: list[int] = field(default_factory=list, repr=False)
+    permuted_order: list[int] | None = field(default=None, repr=False)
+    """Region statement order of the permuted program (what the decision cache stores)."""
 
     def as_dict(self) -> dict[str, object]:
         d = dataclasses.asdict(self)
-        for k in ("permuted_source", "original_source", "live_original", "live_permuted"):
+        for k in (
+            "permuted_source",
+            "original_source",
+            "live_original",
+            "live_permuted",
+            "permuted_order",
+        ):
             d.pop(k)
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> GraphReport:
+        """A report from :meth:`as_dict` output (unknown keys are ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names and k != "graph_id"}
+        if isinstance(kw.get("measured_all_held_peaks"), list):
+            kw["measured_all_held_peaks"] = tuple(kw["measured_all_held_peaks"])  # type: ignore[arg-type]
+        return cls(**kw)  # type: ignore[arg-type]
 
     def summary(self) -> str:
         def mib(x: int | None) -> str:
@@ -74,7 +105,9 @@ class GraphReport:
             f"{mib(self.modelled_original_peak)} -> {mib(self.modelled_permuted_peak)}, "
             f"measured {mib(self.measured_original_peak)} -> "
             f"{mib(self.measured_permuted_peak)}, lower bound {mib(self.lower_bound)}, "
-            f"certified={self.certified}, units={self.num_units}; {self.reason}"
+            f"certified={self.certified}, units={self.num_units}, "
+            f"owned inputs {self.owned_inputs}/{self.num_inputs}, program {self.variant}; "
+            f"{self.reason}"
         )
 
 

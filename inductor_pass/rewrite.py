@@ -6,7 +6,12 @@ the ownership records hold (every statement's live-byte delta equals the
 modelled one), (2) the modelled peak equals the measured peak, to the byte, for
 both the original and the permuted program (see Note [Allocator guard]),
 (3) outputs and final input bytes are bitwise identical, and (4) the permuted
-peak is strictly lower. On CUDA only (3) and a strictly lower *measured* peak
+peak is strictly lower. Peaks are those of the programs called as the runtime
+calls them (Note [Input ownership] in ``inductor_pass/guard.py``): inputs the
+call owns are freed at their last use. When the call owns inputs, (5) the
+permuted program's measured peak must also not exceed the original's when
+every input is held (a later call whose caller keeps them, as with
+``retain_graph=True``). On CUDA only (3) and a strictly lower *measured* peak
 are required (the caching allocator is not byte-exact).
 """
 
@@ -50,26 +55,29 @@ def _resolver(base_globals: dict[str, Any]) -> Callable[[str], object]:
 def optimize_wrapper(
     source: str,
     base_globals: dict[str, Any],
-    example_inputs: Sequence[Any],
+    real_inputs: Sequence[Any],
     *,
     original_call: Callable[[list[Any]], Any] | None = None,
     partitions: Any = None,
     config: PassConfig,
     kind: str = "inference",
-    real_inputs: Sequence[Any] | None = None,
+    owned: Sequence[bool] | None = None,
 ) -> tuple[GraphReport, Callable[[list[Any]], Any] | None, Any]:
     """Run the pass on one wrapper and decide whether to deploy the permuted program.
 
     Args:
         source: The wrapper module's source.
         base_globals: The loaded module's globals (kernels, constants).
-        example_inputs: Inputs of the graph (fake tensors are realised).
+        real_inputs: The inputs of a real call (copied, never modified). The
+            kernels only ever run on copies of real inputs (Note [Profiling
+            on real inputs] in ``inductor_pass/first_call.py``).
         original_call: The loaded ``call`` (built from ``source`` when None).
         partitions: ``runner.partitions`` of the loaded module, if any.
         config: Pass options.
         kind: ``"forward"``, ``"backward"`` or ``"inference"`` (for the report).
-        real_inputs: Real inputs to profile with (copied, never modified) instead of
-            inputs fabricated from ``example_inputs``.
+        owned: Per input, whether the call owns it (from
+            :func:`inductor_pass.guard.input_ownership` at the first real
+            call); None: the caller holds every input.
 
     Returns:
         ``(report, call, runner)``: ``call`` is the permuted program's callable
@@ -98,12 +106,14 @@ def optimize_wrapper(
     if original_call is None:
         original_call, _ = guard.build_call(source, base_globals, partitions=partitions)
     try:
-        if real_inputs is not None:
-            inputs = guard.copy_real_inputs(real_inputs)
-        else:
-            inputs = guard.make_real_inputs(example_inputs)
+        inputs = guard.copy_real_inputs(real_inputs)
     except guard.DynamicShapes as exc:
         return done(f"left unchanged: dynamic shapes ({exc}); a peak is certified per size")
+    owned = [bool(o) for o in owned] if owned is not None else [False] * len(inputs)
+    if len(owned) != len(inputs):
+        raise ValueError(f"owned has {len(owned)} flags for {len(inputs)} inputs")
+    rep.owned_inputs = sum(owned)
+    rep.num_inputs = sum(isinstance(x, torch.Tensor) for x in inputs)
     devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
     on_cuda = "cuda" in devices
     rep.device = "cuda" if on_cuda else ("cpu" if devices <= {"cpu"} else ",".join(sorted(devices)))
@@ -111,11 +121,8 @@ def optimize_wrapper(
         return done(f"left unchanged: device {rep.device} has no guard")
 
     stage("profile")
-    # Warm-up run: lazy initialisation (oneDNN primitives, kernel loading) happens here,
-    # not inside the profiled and measured runs.
-    guard.measure_cuda(original_call, inputs) if on_cuda else guard.measure_cpu(
-        original_call, inputs
-    )
+    # The effect profile runs first and is also the warm-up: lazy initialisation
+    # (oneDNN primitives, kernel loading) happens here, not in the measured runs.
     prof = guard.profile_effects(
         wrapper,
         base_globals,
@@ -126,18 +133,24 @@ def optimize_wrapper(
     )
     if prof.problems:
         return done("left unchanged: " + "; ".join(prof.problems[:3]))
+    profiled_peak: int | None = None
     if on_cuda:  # pragma: no cover - needs a GPU
         transient = [0] * len(wrapper.region)
         live_after = None
     else:
-        transient, live_after = guard.profile_memory(
-            wrapper, base_globals, inputs, partitions=partitions
+        transient, live_after, profiled_peak = guard.profile_memory(
+            wrapper, base_globals, inputs, partitions=partitions, owned=owned
         )
+    owned_storages: set[int] = set()
+    for name, flag in zip(wrapper.input_names, owned, strict=False):
+        if flag:
+            owned_storages |= prof.name_storages.get(name, frozenset())
     model = ProgramModel(
         wrapper=wrapper,
         name_storages=prof.name_storages,
         sizes=prof.sizes,
         external=frozenset(prof.external),
+        owned=frozenset(owned_storages) & frozenset(prof.external),
         transient=transient,
     )
     identity = list(range(len(wrapper.region)))
@@ -181,8 +194,18 @@ def optimize_wrapper(
     if res.note:
         rep.notes.append(res.note)
     rep.live_permuted = simulate(model, res.stmt_order)[1]
+    if res.stmt_order == identity and not on_cuda:
+        # Nothing to deploy: the profiled run already measured the original
+        # program (its live bytes matched the model statement by statement).
+        rep.measured_original_peak = rep.measured_permuted_peak = profiled_peak
+        rep.byte_exact = profiled_peak == modelled_orig
+        why = "no order with a strictly lower peak"
+        if res.certified:
+            why += " (the original peak is certified optimal)"
+        return done("left unchanged: " + why)
     new_src = render_region(wrapper, res.stmt_order)
     rep.permuted_source = new_src
+    rep.permuted_order = list(res.stmt_order)
 
     stage("guard")
     new_call, new_runner = guard.build_call(
@@ -192,12 +215,23 @@ def optimize_wrapper(
         filename=f"<torch_replay permuted {kind} wrapper>",
     )
     measure = guard.measure_cuda if on_cuda else guard.measure_cpu
-    peak_o, out_o, in_o = measure(original_call, inputs)
-    peak_p, out_p, in_p = measure(new_call, inputs)
+    peak_o, out_o, in_o = measure(original_call, inputs, owned=owned)
+    peak_p, out_p, in_p = measure(new_call, inputs, owned=owned)
     rep.measured_original_peak = peak_o
     rep.measured_permuted_peak = peak_p
     rep.bitwise_identical = guard.bitwise_equal([*out_o, *in_o], [*out_p, *in_p])
     del out_o, in_o, out_p, in_p
+    held_ok = True
+    if any(owned):
+        # The same programs when the caller keeps every input (Note [Input ownership]).
+        held_o, out_o, in_o = measure(original_call, inputs)
+        held_p, out_p, in_p = measure(new_call, inputs)
+        rep.measured_all_held_peaks = (held_o, held_p)
+        rep.bitwise_identical = rep.bitwise_identical and guard.bitwise_equal(
+            [*out_o, *in_o], [*out_p, *in_p]
+        )
+        del out_o, in_o, out_p, in_p
+        held_ok = held_p <= held_o
     if on_cuda:  # pragma: no cover - needs a GPU
         rep.byte_exact = None
         try:  # diagnostics only: a timing failure never blocks the guard's decision
@@ -212,12 +246,18 @@ def optimize_wrapper(
                 rep.notes.append(f"kernel timing: {t_o.note}")
         except Exception as exc:
             rep.notes.append(f"kernel timing failed: {type(exc).__name__}: {exc}")
-        ok = rep.bitwise_identical and peak_p < peak_o
+        ok = rep.bitwise_identical and peak_p < peak_o and held_ok
         why = (
             "CUDA guard: measured peak lower and outputs bitwise identical"
             if ok
             else "CUDA guard: "
-            + ("outputs differ" if not rep.bitwise_identical else "measured peak not lower")
+            + (
+                "outputs differ"
+                if not rep.bitwise_identical
+                else "measured peak not lower"
+                if peak_p >= peak_o
+                else "measured peak higher when the caller holds every input"
+            )
         )
     else:
         rep.byte_exact = peak_o == modelled_orig and peak_p == res.peak
@@ -233,6 +273,12 @@ def optimize_wrapper(
             ok, why = False, "no order with a strictly lower peak"
             if res.certified:
                 why += " (the original peak is certified optimal)"
+        elif not held_ok:
+            ok, why = (
+                False,
+                "the permuted program is lower as the runtime calls it but higher when "
+                f"the caller holds every input ({rep.measured_all_held_peaks})",
+            )
         else:
             ok, why = True, f"peak lowered by {modelled_orig - res.peak} bytes (byte-exact)"
     if ok and not config.deploy:

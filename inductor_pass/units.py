@@ -4,11 +4,15 @@ Note [Wrapper memory model]
 A *storage* is one allocation (keyed by its data pointer in the profiled run).
 Every name of the wrapper refers to a set of storages (a tensor: its storage;
 a tuple of fallback outputs: all of theirs). Storages that exist before the
-run (inputs, constants) are *external*: the guard holds a reference to every
-input, so they are never freed during the run and are not counted. An
-internal storage is live while at least one bound name refers to it: it is
-allocated when the first such name is bound and freed by the ``del`` that
-removes the last one. Each statement ``k`` also has a *transient* ``t[k]``: the
+run (inputs, constants) are *external*. An external storage the caller holds
+(parameters, user inputs, constants) is never freed during the run and is not
+counted. An external storage the call *owns* (an input referenced only by the
+argument list that the wrapper clears, see Note [Input ownership] in
+``inductor_pass/guard.py``: a backward graph's saved activations) is live
+from the start and freed by the ``del`` that removes the last name referring
+to it. An internal storage is live while at least one bound name refers to
+it: it is allocated when the first such name is bound and freed by the
+``del`` that removes the last one. Each statement ``k`` also has a *transient* ``t[k]``: the
 largest number of bytes above the live count seen while it runs (profiled
 once; it includes the statement's own results and any workspace). The
 modelled peak of a statement sequence is ``max_k(live_before(k) + t[k])``.
@@ -58,7 +62,7 @@ class ProgramModel:
     sizes: dict[int, int]
     """Bytes of each storage."""
     external: frozenset[int]
-    """Storages that exist before the run (never counted)."""
+    """Storages that exist before the run."""
     transient: list[int]
     """Per region statement: peak bytes above the live count while it runs."""
     reads: dict[int, frozenset[int]] = field(default_factory=dict)
@@ -67,7 +71,14 @@ class ProgramModel:
     """Per unit statement index: storages written (new results included)."""
     barriers: frozenset[int] = frozenset()
     """Unit statement indices ordered with every other unit."""
+    owned: frozenset[int] = frozenset()
+    """External storages the call owns: live from the start, freed at the last ``del``
+    (the others are held by the caller and never counted)."""
     notes: list[str] = field(default_factory=list)
+
+    def counted(self, s: int) -> bool:
+        """Whether storage ``s`` is allocated or freed during the run."""
+        return s not in self.external or s in self.owned
 
     @property
     def units(self) -> list[int]:
@@ -381,9 +392,13 @@ def simulate(model: ProgramModel, order: list[int]) -> tuple[int, list[int]]:
         ``(peak, live_after)``: the peak bytes and the live bytes after each
         statement of ``order``.
     """
-    live = 0
-    peak = 0
     ref: Counter[int] = Counter()
+    for n in model.wrapper.input_names:
+        for s in model.name_storages.get(n, ()):
+            if s in model.owned:
+                ref[s] += 1
+    live = sum(model.sizes[s] for s in ref)
+    peak = live
     trace: list[int] = []
     region = model.wrapper.region
     for k in order:
@@ -391,14 +406,14 @@ def simulate(model: ProgramModel, order: list[int]) -> tuple[int, list[int]]:
         peak = max(peak, live + model.transient[k])
         for n in st.defines:
             for s in model.name_storages.get(n, ()):
-                if s in model.external:
+                if not model.counted(s):
                     continue
                 if ref[s] == 0:
                     live += model.sizes[s]
                 ref[s] += 1
         for n in st.deletes:
             for s in model.name_storages.get(n, ()):
-                if s in model.external:
+                if not model.counted(s):
                     continue
                 ref[s] -= 1
                 if ref[s] == 0:

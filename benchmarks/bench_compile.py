@@ -1,0 +1,193 @@
+"""Compile cost of the ``torch_replay`` backend against plain Inductor, cold and warm.
+
+For each model and backend, fresh processes run one compiled step (forward and,
+for training, backward): *cold* with an empty ``TORCHINDUCTOR_CACHE_DIR``,
+*warm* with the directory the cold run filled (Inductor's FX graph and
+AOTAutograd caches and the pass's decision cache). Reported per cell (medians
+over ``--reps`` process pairs): the first step's wall time minus the steady
+step time ("compile"), and the process's peak RSS. Ratios are torch_replay /
+inductor. CPU, FP32, one thread; the machine is shared, so times are
+indicative.
+
+Run:
+    nice -n 10 .venv/bin/python benchmarks/bench_compile.py [--reps 3]
+        [--models mlp,convnet,segment] [--out benchmarks/results/compile.md]
+prints the table; writes it only with ``--out``. ``--reps 1 --models mlp`` is a
+small run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = ("mlp", "convnet", "segment")
+
+
+def _build(name: str):
+    import torch
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    if name == "mlp":
+        model = nn.Sequential(
+            nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 64)
+        )
+        return model, (torch.randn(128, 256),), True
+    if name == "convnet":
+        model = nn.Sequential(
+            nn.Conv2d(3, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.Conv2d(32, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(32, 10),
+        )
+        return model, (torch.randn(8, 3, 32, 32),), True
+    if name == "segment":
+
+        class Segment(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(1000, 32)
+                self.lin = nn.Linear(32, 16)
+
+            def forward(self, ids, seg):
+                e = self.emb(ids)
+                pooled = torch.zeros(4096, 32).index_add(0, seg, e)
+                return torch.relu(self.lin(pooled))
+
+        ids = torch.randint(0, 1000, (512,))
+        seg = torch.randint(0, 4096, (512,))
+        return Segment(), (ids, seg), True
+    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+def child(name: str, backend: str) -> None:
+    """One process: compile and run ``name`` with ``backend``; print JSON."""
+    import resource
+
+    t_import = time.perf_counter()
+    import torch
+    import torch._inductor.compile_fx  # noqa: F401  (both backends need it)
+
+    if backend == "torch_replay":
+        import inductor_pass  # noqa: F401  (registers the backend)
+    t_import = time.perf_counter() - t_import
+    torch.set_num_threads(1)
+    model, inputs, train = _build(name)
+
+    def step(f):
+        out = f(*inputs)
+        if train:
+            out.float().pow(2).sum().backward()
+        return out
+
+    f = torch.compile(model, backend=backend)
+    t0 = time.perf_counter()
+    step(f)
+    first = time.perf_counter() - t0
+    steady = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        step(f)
+        steady.append(time.perf_counter() - t0)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(
+        json.dumps(
+            {
+                "first_s": first,
+                "steady_s": min(steady),
+                "compile_s": first - min(steady),
+                "maxrss_mib": rss,
+                "import_s": t_import,
+            }
+        )
+    )
+
+
+def _run(name: str, backend: str, cache: str) -> dict[str, float]:
+    env = dict(os.environ)
+    env["TORCHINDUCTOR_CACHE_DIR"] = cache
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    proc = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", name, backend],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name}/{backend} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3, help="cold+warm process pairs per cell")
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--out", default=None, help="write the markdown table here")
+    ap.add_argument("--child", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    rows = []
+    for name in [m for m in args.models.split(",") if m]:
+        cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+        for rep in range(args.reps):
+            for backend in ("inductor", "torch_replay"):
+                with tempfile.TemporaryDirectory(prefix="bench_compile_") as cache:
+                    for mode in ("cold", "warm"):
+                        r = _run(name, backend, cache)
+                        cells.setdefault((backend, mode), []).append(r)
+                        print(f"{name} {backend} {mode} rep {rep}: {r}", file=sys.stderr)
+
+        def med(backend: str, mode: str, key: str, cells=cells) -> float:
+            return statistics.median(r[key] for r in cells[(backend, mode)])
+
+        for mode in ("cold", "warm"):
+            ci, cr = med("inductor", mode, "compile_s"), med("torch_replay", mode, "compile_s")
+            mi, mr = med("inductor", mode, "maxrss_mib"), med("torch_replay", mode, "maxrss_mib")
+            ii, ir = med("inductor", mode, "import_s"), med("torch_replay", mode, "import_s")
+            rows.append(
+                f"| {name} | {mode} | {ci:.2f} | {cr:.2f} | {cr / ci:.3f} | "
+                f"{mi:.0f} | {mr:.0f} | {mr / mi:.3f} | {ir - ii:+.2f} |"
+            )
+    cmd = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
+    table = "\n".join(
+        [
+            f"`{cmd}`",
+            "",
+            f"Medians over {args.reps} fresh process pairs per cell (cold: empty "
+            "TORCHINDUCTOR_CACHE_DIR; warm: the directory the cold run filled). compile = first "
+            "step - steady step (s), with torch._inductor.compile_fx imported beforehand in both; "
+            "RSS = process peak (MiB); import = extra one-time import of inductor_pass and the "
+            "extension (s). One thread, CPU FP32.",
+            "",
+            "| model | cache | inductor compile s | torch_replay compile s | ratio | "
+            "inductor RSS | torch_replay RSS | ratio | import |",
+            "|---|---|---|---|---|---|---|---|---|",
+            *rows,
+        ]
+    )
+    print(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

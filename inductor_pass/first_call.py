@@ -1,0 +1,219 @@
+"""Run the pass at a graph's first call (Note [Profiling on real inputs])."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+from inductor_pass.config import PassConfig
+from inductor_pass.report import GraphReport, record
+
+__all__ = ["FirstCallPass"]
+
+
+def _pass_uuid(config: PassConfig) -> str:
+    from inductor_pass.backend import TorchReplayPass
+
+    return TorchReplayPass(config).uuid()
+
+
+class FirstCallPass:
+    """Run the pass at the first call, on copies of that call's real inputs.
+
+    Note [Profiling on real inputs]
+    The pass runs the graph's kernels to profile effects and memory. Inputs
+    fabricated from the example inputs' metadata are not valid data for every
+    program: indices computed from a float input fall out of range, and then
+    Inductor's index assert throws inside an OpenMP region (the process
+    aborts) or, with ``assert_indirect_indexing=False``, the kernel writes out
+    of bounds. So every graph is profiled at its first call, on copies of that
+    call's real inputs, which the kernels are about to process anyway; the
+    first call also shows which inputs the call owns (Note [Input ownership]
+    in ``inductor_pass/guard.py``). The first call itself runs the original
+    program after the pass's own runs on copies; later calls run the permuted
+    program when it was deployed. The report is recorded at the first call.
+    Any exception inside the pass leaves the original program.
+    """
+
+    def __init__(self, source, glob, call, partitions, kind, config) -> None:
+        self.impl = call
+        self._next = None
+        self._pending = (source, glob, partitions, kind, config)
+        self.variants: list[tuple[str, str, dict[str, Any], Any, Any]] = []
+        """Alternative programs ``(name, source, globals, call, partitions)``
+        (Note [Program variants] in ``inductor_pass/variants.py``)."""
+        self.variant_notes: list[str] = []
+
+    def __call__(self, args: list[Any]) -> Any:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            from inductor_pass import guard
+
+            try:  # first, before anything else references the inputs
+                owned: list[bool] | None = guard.input_ownership(args)
+            except Exception:
+                owned = None
+            self._run_pass(args, owned, *pending)
+            call = self.impl
+            self.impl = self._next if self._next is not None else call
+            return call(args)
+        return self.impl(args)
+
+    def _run_pass(self, args, owned, source, glob, partitions, kind, config) -> None:
+        from inductor_pass import decision_cache
+
+        key = None
+        try:
+            if decision_cache.enabled(config):
+                key = decision_cache.decision_key(
+                    source,
+                    _pass_uuid(config),
+                    decision_cache.call_signature(args, owned),
+                )
+                rep = self._from_cache(key, source, glob, partitions, kind)
+                if rep is not None:
+                    record(rep, print_it=config.report, dump_dir=config.dump_dir)
+                    return
+            rep, entry = self._optimize(args, owned, source, glob, partitions, kind, config)
+            if key is not None:
+                decision_cache.store(key, entry, rep.as_dict())
+        except Exception as exc:
+            self._next = None
+            rep = GraphReport(
+                kind=kind,
+                original_source=source,
+                reason=f"left unchanged: pass failed ({type(exc).__name__}: {exc})",
+            )
+            rep.notes.append(traceback.format_exc(limit=6))
+        record(rep, print_it=config.report, dump_dir=config.dump_dir)
+
+    def _optimize(self, args, owned, source, glob, partitions, kind, config):
+        """Run the pass on the default program and every variant; pick one.
+
+        Returns:
+            ``(report, cache entry)``; sets ``self._next`` when a program other
+            than the original default one is to run from now on.
+        """
+        from inductor_pass import variants
+        from inductor_pass.rewrite import optimize_wrapper
+
+        def candidate(name, src, glb, call, parts) -> variants.Candidate:
+            rep, new_call, _ = optimize_wrapper(
+                src,
+                glb,
+                list(args),
+                original_call=call,
+                partitions=parts,
+                config=config,
+                kind=kind,
+                owned=owned,
+            )
+            return variants.Candidate(
+                name=name,
+                report=rep,
+                original=call,
+                chosen=new_call if new_call is not None else call,
+                source=src,
+                order=rep.permuted_order if new_call is not None else None,
+            )
+
+        if not self.variants and config.variants:
+            self._load_variants(source, config)
+        cands = [candidate("default", source, glob, self.impl, partitions)]
+        rep = cands[0].report
+        for name, src, glb, call, parts in self.variants:
+            try:
+                cands.append(candidate(name, src, glb, call, parts))
+            except Exception as exc:  # a variant is an option; never fatal
+                self.variant_notes.append(f"variant {name} failed: {type(exc).__name__}: {exc}")
+        if len(cands) == 1:
+            best, why = cands[0], ""
+        elif not config.deploy:
+            best, why = cands[0], "variants measured only (PassConfig.deploy=False)"
+        elif any(c.report.device != "cpu" for c in cands):
+            best, why = cands[0], "variants are chosen on CPU only (byte-exact guard)"
+        else:
+            try:
+                best, why = variants.choose(cands, args, owned)
+            except Exception as exc:  # a variant is an option; never fatal
+                best, why = cands[0], f"variant choice failed ({type(exc).__name__}: {exc})"
+        rep.variants = {c.name: variants.summary(c.report) for c in cands}
+        rep.notes.append("profiled on a copy of the first call's real inputs")
+        if owned is None:
+            rep.notes.append("input ownership unknown: every input taken as held")
+        rep.notes.extend(self.variant_notes)
+        if why:
+            rep.notes.append(why)
+        entry: dict[str, Any] = {"variant": best.name, "order": best.order}
+        if best is not cands[0]:
+            rep.variant = best.name
+            rep.deployed = True
+            rep.reason = f"{why}; the pass on that program: {best.report.reason}"
+            rep.lower_bound = best.report.lower_bound
+            rep.bounds = dict(best.report.bounds)
+            rep.certified = best.report.certified
+            rep.measured_permuted_peak = best.peak
+            rep.modelled_permuted_peak = best.report.modelled_permuted_peak
+            rep.permuted_source = best.report.permuted_source or best.source
+            rep.bitwise_identical = True
+            self._next = best.chosen
+            entry["source"] = best.source
+        elif best.chosen is not best.original:
+            self._next = best.chosen
+        return rep, entry
+
+    def _load_variants(self, source: str, config: PassConfig) -> None:
+        """Variant programs of a graph loaded from AOTAutograd's cache (Note [Decision cache])."""
+        from inductor_pass import decision_cache, variants
+
+        if not decision_cache.enabled(config):
+            return
+        key = decision_cache.variants_key(source, _pass_uuid(config))
+        stored = decision_cache.load_variants(key)
+        for name, _ in variants.flipped_options(config.variants):
+            src = stored.get(name)
+            loaded = decision_cache.load_program(src) if src is not None else None
+            if loaded is None:
+                self.variant_notes.append(f"variant {name} unavailable (not in the pass's cache)")
+                continue
+            self.variants.append((name, src, *loaded))
+
+    def _from_cache(self, key, source, glob, partitions, kind) -> GraphReport | None:
+        """Deploy a cached decision; None when there is none (or it does not apply)."""
+        from inductor_pass import decision_cache, guard
+        from inductor_pass.wrapper_ast import parse_wrapper, render_region
+
+        entry = decision_cache.load(key)
+        if entry is None:
+            return None
+        decision = entry.get("decision") or {}
+        order = decision.get("order")
+        variant_source = decision.get("source")
+        base_source, base_glob, base_parts = source, glob, partitions
+        if variant_source is not None:
+            loaded = decision_cache.load_program(variant_source)
+            if loaded is None:
+                return None
+            base_source, base_glob, base_call, base_parts = variant_source, *loaded
+        rep = GraphReport.from_dict(entry.get("report") or {})
+        rep.kind = kind
+        rep.original_source = source
+        if order is not None:
+            wrapper = parse_wrapper(base_source)
+            if sorted(order) != list(range(len(wrapper.region))):
+                return None
+            new_src = render_region(wrapper, list(order))
+            self._next, _ = guard.build_call(
+                new_src,
+                base_glob,
+                partitions=base_parts,
+                filename=f"<torch_replay permuted {kind} wrapper>",
+            )
+            rep.permuted_source = new_src
+            rep.permuted_order = list(order)
+        elif variant_source is not None:
+            self._next = base_call
+            rep.permuted_source = variant_source
+        rep.pass_seconds = 0.0
+        rep.notes = [*rep.notes, f"decision from the pass's cache ({key[:16]})"]
+        return rep
