@@ -265,7 +265,7 @@ def plot(summary: dict, methods: Sequence[str], path: str) -> bool:
     )
     for ax in (ax1, ax2):
         ax.set_xticks(xs, methods, rotation=30, ha="right", fontsize=8)
-    ax1.set_ylabel("measured peak, MiB (orange: engine bytes)")
+    ax1.set_ylabel("measured peak, MiB (orange: largest engine bytes)")
     ax2.set_ylabel("step time / eager (geomean, seed range)")
     ax1.set_title("peak allocated memory per training step")
     ax2.set_title("step time, side by side in one process")
