@@ -47,6 +47,38 @@ SOURCE = {
 }
 
 
+DIFFERENCES = """\
+- **Scale.** Source: ResNet18 (widths 64-512), CIFAR-100, 64 MiB queue, 100 encoder
+  epochs + 25 probe epochs, H100. Here: the same architecture at `--width` (widths scaled by
+  width/64), synthetic 10-class 32x32 data made from a seeded generator (nothing downloaded),
+  a `--queue-mib` queue, `--steps` steps, 25 probe epochs, CPU FP32 with one thread.
+  Accuracies are therefore not comparable (10 synthetic classes vs CIFAR-100).
+- **Memory.** Source: allocator peaks on GPU. Here: live tensor bytes created during the
+  step (a dispatch mode) plus what the engines hold in C++ (snapshot / read-set copies and the
+  live save around a replay), plus the bytes alive at the step's start (both encoders, the
+  queue, SGD momentum, the two views), as `PlannedSequential.measure` counts. Exact for
+  tensors, blind to allocator slack and workspaces.
+- **Byte-identity.** Source: all seven score files identical. Here torch's checkpoint cannot
+  be: its re-run of the head reads the queue after the in-place enqueue (and updates BatchNorm
+  statistics a second time); it is shown to differ. The region journal refuses at the first
+  backward: the enqueue is a write outside any torch_replay segment, which the journal does
+  not record, so it cannot undo it and raises `StateMutationError` naming the queue instead
+  of replaying a wrong queue (the source's journal evidently recorded the enqueue). The
+  remaining five methods are byte-identical.
+- **Plans.** The joint and eager/whole planners choose from costs calibrated on this model
+  (`--budget-frac` of the way from the joint minimum to the all-eager peak). Preserving the
+  dense queue costs about as many bytes as the head's own activations, so a plan gains little
+  by recomputing the head (dense queues gain nothing from regions, as in the source); and
+  since this step's peak is segment 0's re-run, a plan that recomputes segment 0 has the whole
+  snapshot's peak, where the source's joint plan sat between delayed eager and whole
+  snapshot. For segments without declared state, snapshot and read-set cost the same bytes,
+  so which one a plan names follows calibration noise.
+- **Time.** One shared CPU: recomputation costs a larger share of a step than on an H100, and
+  torch_replay's per-operator observer adds to every checkpointed segment, so the ratios are
+  well above the source's 1.008.
+"""
+
+
 def _geomean(xs: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(x) for x in xs))
 
@@ -426,7 +458,8 @@ def _write(args, argv, cfg, plans, results, summary, main_table, per_seed, src, 
         f.write(f"`{cmd}`\n\n")
         f.write("## Methods\n\n" + main_table + "\n\n")
         f.write("## Score files per seed\n\n" + per_seed + "\n\n")
-        f.write("## Beside the source\n\n" + src + "\n")
+        f.write("## Beside the source\n\n" + src + "\n\n")
+        f.write("## What differs from the source, and why\n\n" + DIFFERENCES)
         if png:
             f.write(f"\n![MoCo methods]({os.path.basename(base)}.png)\n")
     print(f"wrote {base}.md, {base}.json" + (f", {base}.png" if png else ""))
