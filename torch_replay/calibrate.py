@@ -399,6 +399,11 @@ class Workload:
     """Returns a fresh input batch (requires grad)."""
     description: str = ""
     """One line for reports."""
+    loss_fn: Callable[[Any], torch.Tensor] | None = None
+    """Maps the last segment's output to the scalar loss (None: mean of squares).
+    It runs between the forward and the backward, where a training step also
+    updates its state (a MoCo queue's in-place enqueue), so the options are
+    measured, and refused, as that step would run them."""
 
 
 class BufferSegment(torch.nn.Module):
@@ -744,7 +749,7 @@ def _measure_choices(
     steps: list[float] = []
     try:
         for _ in range(warmup):
-            model.profile_step(workload.make_input(), track_memory=False)
+            model.profile_step(workload.make_input(), workload.loss_fn, track_memory=False)
         physical.start()
         for _ in range(reps):
             for p in model.parameters():
@@ -752,7 +757,7 @@ def _measure_choices(
             x = workload.make_input()
             _sync(device)
             t0 = time.perf_counter()
-            profs, _ = model.profile_step(x, track_memory=False)
+            profs, _ = model.profile_step(x, workload.loss_fn, track_memory=False)
             _sync(device)
             steps.append(time.perf_counter() - t0)
             for i, p in enumerate(profs):
@@ -761,12 +766,12 @@ def _measure_choices(
         kernel = None
         if device == "cuda":  # device time of one step from CUPTI (torch_replay.kernel_timing)
             kernel = time_kernels(
-                lambda: model.profile_step(workload.make_input(), track_memory=False),
+                lambda: model.profile_step(workload.make_input(), workload.loss_fn, track_memory=False),
                 device=device,
                 reps=1,
                 warmup=0,
             )
-        report = model.measure(workload.make_input())
+        report = model.measure(workload.make_input(), workload.loss_fn)
     except ReplayError as e:
         return {"persistent": persistent, "valid": False, "reason": f"{type(e).__name__}: {e}"}
     finally:
