@@ -46,24 +46,31 @@ def _overlap_error(exc: BaseException) -> OverlapError:
     )
 
 
+_C = None
+_OPEN_GATE = None  # never paused: for scopes nobody pauses
+
+
 class Observer:
     """Observes the current thread's operators for ``txn`` while active (C++)."""
 
-    __slots__ = ("txn", "gate", "_C")
+    __slots__ = ("txn", "gate")
 
     def __init__(self, txn, gate=None):
-        from ._ext import require_extension
+        global _C, _OPEN_GATE
+        if _C is None:
+            from ._ext import require_extension
 
-        self._C = require_extension()
+            _C = require_extension()
+            _OPEN_GATE = _C.ObserverGate()
         self.txn = txn
-        self.gate = gate if gate is not None else self._C.ObserverGate()
+        self.gate = gate if gate is not None else _OPEN_GATE
 
     def __enter__(self):
-        self._C.observer_push(self.txn, self.gate)
+        _C.observer_push(self.txn, self.gate)
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        self._C.observer_pop(self.txn)
+        _C.observer_pop(self.txn)
         if self.txn.has_pending:
             # A refusal made while the operators ran (Note [C++ observer]).
             self.txn.raise_pending()

@@ -766,7 +766,9 @@ def _measure_choices(
         kernel = None
         if device == "cuda":  # device time of one step from CUPTI (torch_replay.kernel_timing)
             kernel = time_kernels(
-                lambda: model.profile_step(workload.make_input(), workload.loss_fn, track_memory=False),
+                lambda: model.profile_step(
+                    workload.make_input(), workload.loss_fn, track_memory=False
+                ),
                 device=device,
                 reps=1,
                 warmup=0,

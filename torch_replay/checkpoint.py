@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 import torch.utils.checkpoint as _tcp
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._ext import require_extension
@@ -183,13 +185,22 @@ def _named_errors(function, args):
 # -------------------------------------------------------------------- helpers
 
 
+def _leaves(tree) -> list[Any]:
+    """Leaves of ``tree``; a flat tuple/list of tensors and numbers needs no pytree."""
+    if isinstance(tree, (tuple, list)) and all(
+        isinstance(a, (torch.Tensor, int, float, bool, str, type(None))) for a in tree
+    ):
+        return list(tree)
+    return tree_flatten(tree)[0]
+
+
 def _rng_devices(args, preserve: bool) -> list[torch.device]:
     """Non-CPU devices whose default generator torch would stash (devices of the
     tensor arguments, when that device type is initialised)."""
     if not preserve:
         return []
     out: list[torch.device] = []
-    for a in tree_flatten(args)[0]:
+    for a in _leaves(args):
         if isinstance(a, torch.Tensor) and a.device.type != "cpu":
             mod = getattr(torch, a.device.type, None)
             if getattr(mod, "_initialized", False) and a.device not in out:
@@ -560,9 +571,6 @@ def _metadata_fn(determinism_check: str):
 
 def _device_context():
     """The DeviceContext mode the forward runs under (the re-run respects it)."""
-    from torch.overrides import _get_current_function_mode_stack
-    from torch.utils._device import DeviceContext
-
     return next(
         (m for m in reversed(_get_current_function_mode_stack()) if isinstance(m, DeviceContext)),
         contextlib.nullcontext(),
@@ -601,7 +609,8 @@ def _checkpoint_nonreentrant(
             except _tcp.CheckpointError as e:
                 unpack_error_cb(e)
 
-    tensor_args = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+    leaves = _leaves(args) + (tree_flatten(kwargs)[0] if kwargs else [])
+    tensor_args = [a for a in leaves if isinstance(a, torch.Tensor)]
     txn.begin_forward(tensor_args, _rng_devices(args, preserve))
     suppressed = False
     try:

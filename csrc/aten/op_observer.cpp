@@ -84,6 +84,9 @@ struct ThreadState {
   std::vector<StorageKey> top_written;
   // Keyed by the address of the schema's name, unique per overload.
   std::unordered_map<const char*, OpInfo> infos;
+  // Buffers reused by every callback (callbacks never nest: in_callback).
+  std::vector<at::Tensor> tensors;
+  std::vector<bool> writes;
 };
 
 ThreadState& state() {
@@ -128,6 +131,8 @@ struct CallbackGuard {
     s_.in_callback = true;
   }
   ~CallbackGuard() {
+    s_.tensors.clear();  // hold no tensor beyond the callback
+    s_.writes.clear();
     s_.in_callback = false;
   }
   ThreadState& s_;
@@ -138,7 +143,7 @@ struct Counted : at::ObserverContext {};
 
 bool observable_key(const at::Tensor& t, StorageKey* key) {
   if (!t.defined() || t.layout() != at::kStrided || !t.has_storage() ||
-      t.is_meta()) {
+      t.is_meta() || t.unsafeGetTensorImpl()->is_wrapped_number()) {
     return false;
   }
   *key = storage_key(t);
@@ -166,8 +171,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return counted;
   }
   c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
-  std::vector<at::Tensor> tensors;
-  std::vector<bool> writes;
+  std::vector<at::Tensor>& tensors = s.tensors;
+  std::vector<bool>& writes = s.writes;
+  tensors.clear();
+  writes.clear();
   std::optional<at::Generator> generator;
   bool training = false;
   if (info.training_arg >= 0 &&
@@ -269,8 +276,10 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (info.skip) {
     return;
   }
-  std::vector<at::Tensor> outputs;
-  std::vector<bool> unused;
+  std::vector<at::Tensor>& outputs = s.tensors;
+  std::vector<bool>& unused = s.writes;
+  outputs.clear();
+  unused.clear();
   for (const c10::IValue& v : fn.outputs()) {
     add_tensors(v, false, &outputs, &unused);
   }

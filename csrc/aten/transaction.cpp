@@ -76,9 +76,11 @@ RangeSet whole(const c10::Storage& storage) {
   return r;
 }
 
+// A Python number wrapped into a tensor for one operator is never state.
 bool observable(const at::Tensor& t) {
   return t.defined() && t.layout() == at::kStrided && t.has_storage() &&
-         !t.is_meta() && t.storage().data() != nullptr;
+         !t.is_meta() && !t.unsafeGetTensorImpl()->is_wrapped_number() &&
+         t.storage().data() != nullptr;
 }
 
 RangeSet footprint_of(const at::Tensor& t, bool* exact = nullptr) {
@@ -496,7 +498,9 @@ void Transaction::after_op(
     if (!external_.count(key)) {
       internal_.insert(key);
     }
-    if (last_op_tainted_ && differentiable &&
+    // (An output that requires grad shows it itself; the map is for outputs
+    // made under no_grad, as in the reentrant forward.)
+    if (last_op_tainted_ && differentiable && !t.requires_grad() &&
         (at::isFloatingType(t.scalar_type()) ||
          at::isComplexType(t.scalar_type()))) {
       grad_tainted_.insert_or_assign(

@@ -1,0 +1,244 @@
+"""Cost of observing a segment's operators: the C++ observer vs the Python one (CPU).
+
+    python benchmarks/bench_observer.py [--reps 9] [--quick] [--out FILE.md]
+
+Three measurements, each a ratio measured side by side in one run (methods interleaved,
+medians of ``reps`` repetitions after a warm-up):
+
+per-op:   one segment of ``2 * ops`` tiny operators (``x * c + d`` on 16 floats), forward +
+          backward. The per-operator cost of observation is
+          (time(torch_replay) - time(torch.utils.checkpoint)) / operators observed, where the
+          operators observed are the forward's and the re-run's. Rows: the C++ observer
+          (``tr.config.observer = "c++"``, default) and the reference TorchDispatchMode
+          (``"python"``).
+small-op: 64 segments of a 6-operator elementwise block on a 32x32 tensor (the case where
+          the observer's per-operator cost shows), ``use_reentrant`` False and True.
+gpt:      a 6-layer GPT-style model (d=256, 4 heads, sequence 128, batch 4), every block
+          checkpointed, one training step.
+
+Time ratios are torch_replay / torch.utils.checkpoint. ``--quick`` runs fewer operators
+and repetitions (a smoke run). Nothing is written unless ``--out`` is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.utils.checkpoint as tcp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch_replay as tr  # noqa: E402
+
+
+def _time(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _interleaved(steps: dict, reps: int) -> dict[str, float]:
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for rep in range(reps + 1):
+        for name, step in steps.items():
+            t = _time(step)
+            if rep:  # the first round warms up
+                times[name].append(t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _with_observer(observer: str, fn):
+    def run():
+        old = tr.config.observer
+        tr.config.observer = observer
+        try:
+            fn()
+        finally:
+            tr.config.observer = old
+
+    return run
+
+
+# ------------------------------------------------------------------- per-op
+
+
+def bench_per_op(ops: int, reps: int) -> list[dict]:
+    x = torch.randn(16, requires_grad=True)
+
+    def seg(a):
+        for _ in range(ops):
+            a = a * 1.0001 + 0.0001
+        return a
+
+    def step(ckpt):
+        def run():
+            ckpt(seg, x, use_reentrant=False).sum().backward()
+
+        return run
+
+    med = _interleaved(
+        {
+            "torch": step(tcp.checkpoint),
+            "c++": _with_observer("c++", step(tr.checkpoint)),
+            "python": _with_observer("python", step(tr.checkpoint)),
+        },
+        reps,
+    )
+    observed = 2 * (2 * ops)  # two operators per iteration, forward and re-run
+    return [
+        {
+            "observer": name,
+            "step_s": med[name],
+            "torch_step_s": med["torch"],
+            "us_per_op": 1e6 * (med[name] - med["torch"]) / observed,
+            "ratio": med[name] / med["torch"],
+        }
+        for name in ("c++", "python")
+    ]
+
+
+# ----------------------------------------------------------------- small-op
+
+
+def bench_small_ops(segments: int, reps: int) -> list[dict]:
+    x0 = torch.randn(32, 32, requires_grad=True)
+
+    def block(a):
+        return torch.tanh(a * 0.9 + 0.1).sigmoid() * a - 0.01
+
+    rows = []
+    for reentrant in (False, True):
+
+        def step(ckpt, reentrant=reentrant):
+            def run():
+                h = x0
+                for _ in range(segments):
+                    h = ckpt(block, h, use_reentrant=reentrant)
+                h.sum().backward()
+
+            return run
+
+        med = _interleaved(
+            {"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}, reps
+        )
+        rows.append(
+            {
+                "use_reentrant": reentrant,
+                "torch_s": med["torch"],
+                "ours_s": med["torch_replay"],
+                "ratio": med["torch_replay"] / med["torch"],
+            }
+        )
+    return rows
+
+
+# ---------------------------------------------------------------------- gpt
+
+
+class Block(nn.Module):
+    def __init__(self, d: int, heads: int):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        self.heads = heads
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1)
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
+        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), 0.1)
+
+
+def bench_gpt(reps: int, layers: int = 6, d: int = 256, seq: int = 128, batch: int = 4) -> dict:
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(Block(d, 4) for _ in range(layers))
+    x = torch.randn(batch, seq, d)
+
+    def step(ckpt):
+        def run():
+            blocks.zero_grad(set_to_none=True)
+            h = x
+            for blk in blocks:
+                h = ckpt(blk, h, use_reentrant=False)
+            h.pow(2).mean().backward()
+
+        return run
+
+    med = _interleaved({"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}, reps)
+    return {
+        "torch_s": med["torch"],
+        "ours_s": med["torch_replay"],
+        "ratio": med["torch_replay"] / med["torch"],
+    }
+
+
+def markdown(per_op, small, gpt, argv) -> str:
+    lines = [
+        f"Command: `python benchmarks/bench_observer.py {' '.join(argv)}`",
+        "",
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads. "
+        "Ratios are torch_replay / torch.utils.checkpoint, medians of interleaved repetitions.",
+        "",
+        "## Per-operator cost of observation",
+        "",
+        "| observer | step s | torch step s | µs per observed operator | time ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for r in per_op:
+        lines.append(
+            f"| {r['observer']} | {r['step_s']:.4f} | {r['torch_step_s']:.4f} | "
+            f"{r['us_per_op']:.2f} | {r['ratio']:.2f} |"
+        )
+    lines += [
+        "",
+        "## Small-operator segments (64 segments of a 6-operator block, 32x32)",
+        "",
+        "| use_reentrant | torch s | torch_replay s | ratio |",
+        "|---|---|---|---|",
+    ]
+    for r in small:
+        lines.append(
+            f"| {r['use_reentrant']} | {r['torch_s']:.4f} | {r['ours_s']:.4f} | {r['ratio']:.3f} |"
+        )
+    lines += [
+        "",
+        "## GPT-style model (6 blocks, d=256, 4 heads, sequence 128, batch 4, dropout)",
+        "",
+        "| torch s | torch_replay s | ratio |",
+        "|---|---|---|",
+        f"| {gpt['torch_s']:.4f} | {gpt['ours_s']:.4f} | {gpt['ratio']:.3f} |",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--reps", type=int, default=9, help="measured repetitions per method")
+    p.add_argument("--quick", action="store_true", help="a smoke run: fewer ops and reps")
+    p.add_argument("--out", default=None, help="write the Markdown table here")
+    a = p.parse_args(argv)
+    reps = 2 if a.quick else a.reps
+    per_op = bench_per_op(50 if a.quick else 500, reps)
+    small = bench_small_ops(8 if a.quick else 64, reps)
+    gpt = bench_gpt(reps, layers=2 if a.quick else 6)
+    md = markdown(per_op, small, gpt, sys.argv[1:] if argv is None else argv)
+    print(md)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
