@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from . import schedule
 from .audit import audit
-from .checkpoint import ReplayConfig, checkpoint, checkpoint_sequential, config, last_transaction
+from .checkpoint import (
+    ReplayConfig,
+    checkpoint,
+    checkpoint_sequential,
+    config,
+    engine_bytes,
+    last_transaction,
+)
 from .errors import (
     InfeasibleBudgetError,
     OverlapError,
@@ -37,6 +44,7 @@ __all__ = [
     "checkpoint",
     "checkpoint_sequential",
     "config",
+    "engine_bytes",
     "last_transaction",
     "plan",
     "schedule",

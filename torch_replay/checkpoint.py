@@ -37,6 +37,7 @@ __all__ = [
     "checkpoint",
     "checkpoint_sequential",
     "config",
+    "engine_bytes",
     "last_transaction",
 ]
 
@@ -70,6 +71,15 @@ class ReplayConfig:
 
 config = ReplayConfig()
 _last_txn: weakref.ReferenceType | None = None
+
+
+def engine_bytes() -> int:
+    """Bytes the preservation engines hold in C++ right now, process-wide: the saved
+    regions of every live transaction (snapshots, read-sets, first-touch bytes, a
+    re-run's live copy) and the region journal. Allocator statistics and live-tensor
+    counts do not include them; add this figure to report a step's real memory."""
+    C = require_extension()
+    return int(C.region_store_bytes()) + int(C.journal_bytes())
 
 
 def last_transaction():

@@ -147,5 +147,6 @@ TORCH_REPLAY_BINDINGS(replay) {
     return static_cast<uint64_t>(storage_key(t));
   });
   m.def("journal_bytes", [] { return RegionJournal::global().bytes(); });
+  m.def("region_store_bytes", [] { return RegionStore::process_bytes(); });
   m.def("journal_entries", [] { return RegionJournal::global().entries(); });
 }

@@ -4,6 +4,7 @@
 #include <ATen/record_function.h>
 
 #include <algorithm>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -84,6 +85,8 @@ struct ThreadState {
   std::vector<StorageKey> top_written;
   // Keyed by the address of the schema's name, unique per overload.
   std::unordered_map<const char*, OpInfo> infos;
+  // Nesting of operators seen by the write watch (Note [Write watch]).
+  int watch_depth = 0;
   // Buffers reused by every callback (callbacks never nest: in_callback).
   std::vector<at::Tensor> tensors;
   std::vector<bool> writes;
@@ -290,7 +293,91 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   }
 }
 
+std::unique_ptr<at::ObserverContext> on_watch_start(
+    const at::RecordFunction& fn) {
+  ThreadState& s = state();
+  // Inside a segment its transactions journal what it writes.
+  if (s.in_callback || !s.stack.empty() ||
+      fn.scope() != at::RecordScope::FUNCTION) {
+    return nullptr;
+  }
+  const OpInfo& info = info_of(s, fn);
+  if (!info.op) {
+    return nullptr;
+  }
+  const int depth = s.watch_depth++;
+  auto counted = std::make_unique<Counted>();
+  if (depth > 0 || info.skip) {
+    return counted;
+  }
+  c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
+  bool training = false;
+  if (info.training_arg >= 0 &&
+      static_cast<size_t>(info.training_arg) < inputs.size()) {
+    const c10::IValue& t = inputs[info.training_arg];
+    training = t.isBool() && t.toBool();
+  }
+  CallbackGuard guard(s);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    bool write = i < info.writes.size() && info.writes[i];
+    if (training) {
+      for (int e : info.extra) {
+        write |= static_cast<size_t>(e) == i;
+      }
+    }
+    if (write) {
+      add_tensors(inputs[i], true, &s.tensors, &s.writes);
+    }
+  }
+  for (const at::Tensor& t : s.tensors) {
+    try {
+      journal_write_outside_segments(t);
+    } catch (...) {
+      // Never throw out of a callback; the re-run's start hashes refuse a
+      // write that could not be journaled.
+    }
+  }
+  return counted;
+}
+
+void on_watch_end(const at::RecordFunction& /*fn*/, at::ObserverContext* ctx) {
+  if (ctx != nullptr) {
+    --state().watch_depth;
+  }
+}
+
+struct WriteWatch {
+  std::mutex mutex;
+  int users = 0;
+  std::optional<at::CallbackHandle> handle;
+};
+
+WriteWatch& write_watch() {
+  static WriteWatch w;
+  return w;
+}
+
 }  // namespace
+
+void write_watch_acquire() {
+  WriteWatch& w = write_watch();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  if (w.users++ == 0) {
+    w.handle = at::addGlobalCallback(
+        at::RecordFunctionCallback(on_watch_start, on_watch_end)
+            .needsInputs(true)
+            .scopes({at::RecordScope::FUNCTION}));
+  }
+}
+
+void write_watch_release() {
+  WriteWatch& w = write_watch();
+  std::lock_guard<std::mutex> lock(w.mutex);
+  if (--w.users == 0 && w.handle.has_value()) {
+    at::removeCallback(*w.handle);
+    w.handle.reset();
+  }
+}
 
 void observer_push(Transaction* txn, std::shared_ptr<ObserverGate> gate) {
   ThreadState& s = state();

@@ -31,9 +31,29 @@
 
 #include <memory>
 
+// Note [Write watch]
+// A journal-engine segment keeps the old bytes of every destructive write to
+// its declared state until its re-run (Note [Region journal]). Writes made
+// inside segments are journaled by their transactions; writes made anywhere
+// else in the process (the training loop enqueueing into a MoCo queue, an
+// optimizer step, a hook, another thread) are journaled by a process-wide
+// RecordFunction callback, registered while some journal segment is alive:
+// before an operator that declares a write (depth 0, as in Note [C++
+// observer]) runs outside any segment, the written bytes of a journaled
+// storage are recorded. Its cost, while registered, is the dispatcher's
+// boxing of arguments for every operator of the process (about a
+// microsecond) plus a lookup per written argument. Writes that bypass the
+// dispatcher are not seen; the re-run's start hashes then refuse the replay
+// with StateMutationError naming the tensor.
+
 namespace torch_replay::aten {
 
 class Transaction;
+
+// Registers the process-wide write watch (counted: one per live journal
+// transaction) / releases one registration.
+void write_watch_acquire();
+void write_watch_release();
 
 // A switch shared by the observers of one segment (Python sets `paused`).
 struct ObserverGate {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "aten/byte_devices.h"
+#include "aten/op_observer.h"
 #include "core/status.h"
 
 namespace torch_replay::aten {
@@ -119,6 +120,16 @@ void set_version_of(c10::TensorImpl* impl, int64_t version) {
 }
 
 }  // namespace
+
+void journal_write_outside_segments(const at::Tensor& t) {
+  if (!observable(t)) {
+    return;
+  }
+  const StorageKey key = storage_key(t);
+  if (journaled(key)) {
+    RegionJournal::global().record(key, ref_of(t.storage()), footprint_of(t));
+  }
+}
 
 Engine parse_engine(const std::string& name) {
   if (name == "auto")
@@ -275,11 +286,16 @@ void Transaction::begin_forward(
   }
   if (engine_ == Engine::kJournal) {
     journal_pin_ = RegionJournal::global().pin();
-    auto& reg = journal_registry();
-    std::lock_guard<std::mutex> lock(reg.mutex);
-    for (const auto& [key, d] : declared_) {
-      reg.storages.insert_or_assign(key, d.storage.getWeakStorageImpl());
+    {
+      auto& reg = journal_registry();
+      std::lock_guard<std::mutex> lock(reg.mutex);
+      for (const auto& [key, d] : declared_) {
+        reg.storages.insert_or_assign(key, d.storage.getWeakStorageImpl());
+      }
     }
+    // Writes outside any segment are journaled too (Note [Write watch]).
+    write_watch_acquire();
+    watching_writes_ = true;
   }
   phase_ = Phase::kForward;
 }
@@ -700,8 +716,9 @@ void Transaction::begin_replay() {
                 "' cannot undo (" +
                 (engine_ == Engine::kGuard
                      ? "the guard engine keeps nothing"
-                     : "a write outside any torch_replay segment is not "
-                       "journaled") +
+                     : "a write that bypassed the dispatcher (.data, set_, "
+                       "a non-view alias, a compiled kernel writing an "
+                       "input) is not journaled") +
                 "); use engine='readset' or 'snapshot' for this segment",
             bad);
       }
@@ -836,6 +853,10 @@ void Transaction::release() {
   if (journal_pin_ >= 0) {
     RegionJournal::global().unpin(journal_pin_);
     journal_pin_ = -1;
+  }
+  if (watching_writes_) {
+    write_watch_release();
+    watching_writes_ = false;
   }
   snapshot_.clear();
   first_touch_.clear();

@@ -60,6 +60,11 @@ std::string engine_name(Engine engine);
 // Address of the tensor's StorageImpl: the key of a storage everywhere.
 StorageKey storage_key(const at::Tensor& t);
 
+// Journals the bytes `t` covers if its storage was declared by a live
+// journal-engine segment (Note [Write watch]): called before a write made
+// outside any segment.
+void journal_write_outside_segments(const at::Tensor& t);
+
 struct TransactionOptions {
   std::string engine = "auto";
   bool preserve_rng_state = true;
@@ -257,6 +262,7 @@ class Transaction {
   std::unordered_set<c10::TensorImpl*> replay_versioned_;
   int64_t replay_transient_bytes_ = 0;
   std::exception_ptr pending_;
+  bool watching_writes_ = false;
 };
 
 }  // namespace torch_replay::aten

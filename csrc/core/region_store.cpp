@@ -2,7 +2,17 @@
 
 #include "core/status.h"
 
+#include <atomic>
+#include <utility>
+
 namespace torch_replay {
+
+namespace {
+std::atomic<int64_t>& process_bytes_counter() {
+  static std::atomic<int64_t> counter{0};
+  return counter;
+}
+}  // namespace
 
 namespace {
 
@@ -31,6 +41,7 @@ RangeSet RegionStore::save(
   }
   auto blob = storage.device->gather(storage.base, fresh);
   bytes_ += blob->nbytes();
+  process_bytes_counter() += blob->nbytes();
   entry.saved.add(fresh);
   entry.pieces.push_back({fresh, std::move(blob)});
   return fresh;
@@ -65,8 +76,33 @@ std::vector<StorageKey> RegionStore::keys() const {
   return out;
 }
 
+RegionStore::RegionStore(RegionStore&& other) noexcept
+    : entries_(std::move(other.entries_)),
+      bytes_(std::exchange(other.bytes_, 0)) {
+  other.entries_.clear();
+}
+
+RegionStore& RegionStore::operator=(RegionStore&& other) noexcept {
+  if (this != &other) {
+    clear();
+    entries_ = std::move(other.entries_);
+    other.entries_.clear();
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+RegionStore::~RegionStore() {
+  process_bytes_counter() -= bytes_;
+}
+
+int64_t RegionStore::process_bytes() {
+  return process_bytes_counter().load();
+}
+
 void RegionStore::clear() {
   entries_.clear();
+  process_bytes_counter() -= bytes_;
   bytes_ = 0;
 }
 

@@ -36,8 +36,13 @@ class RegionStore {
   RegionStore() = default;
   RegionStore(const RegionStore&) = delete;
   RegionStore& operator=(const RegionStore&) = delete;
-  RegionStore(RegionStore&&) = default;
-  RegionStore& operator=(RegionStore&&) = default;
+  RegionStore(RegionStore&& other) noexcept;
+  RegionStore& operator=(RegionStore&& other) noexcept;
+  ~RegionStore();
+
+  // Bytes held by every RegionStore of the process (engine memory that
+  // allocator statistics and live tensor bytes do not show).
+  static int64_t process_bytes();
 
   // Saves the bytes of `ranges` of storage `key` that are not saved yet and
   // returns the ranges newly saved. Precondition: ranges lie inside
