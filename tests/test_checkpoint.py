@@ -833,3 +833,20 @@ def test_engine_bytes_counts_what_the_engines_hold(engine):
     y.sum().backward()
     del y
     assert tr.engine_bytes() == gc_base  # released with the graph
+
+
+def test_cpp_observer_state_is_bounded_and_scoped():
+    """Note [C++ observer]: the schema cache holds one entry per operator overload (not
+    per call), and no observer or nesting is left behind after a segment."""
+    from torch_replay._ext import require_extension
+
+    C = require_extension()
+    x = torch.randn(4, requires_grad=True)
+
+    def run(n):
+        for _ in range(n):
+            tr.checkpoint(lambda a: (a * 2).sin(), x, use_reentrant=False).sum().backward()
+        return C.observer_known_operators()
+
+    assert run(5) == run(200)
+    assert C.observer_depth() == 0 and C.observer_nesting() == 0

@@ -138,6 +138,7 @@ TORCH_REPLAY_BINDINGS(replay) {
       py::arg("txn"));
   m.def("observer_depth", &observer_depth);
   m.def("observer_nesting", &observer_nesting);
+  m.def("observer_known_operators", &observer_known_operators);
 
   m.def(
       "apply_segment",

@@ -416,4 +416,8 @@ int observer_nesting() {
   return state().depth;
 }
 
+int64_t observer_known_operators() {
+  return static_cast<int64_t>(state().infos.size());
+}
+
 }  // namespace torch_replay::aten

@@ -29,6 +29,7 @@
 //   * Built with NDEBUG like torch itself: RecordFunction::inputs() asserts in
 //     debug builds of the headers on a flag release builds of torch never set.
 
+#include <cstdint>
 #include <memory>
 
 // Note [Write watch]
@@ -71,5 +72,8 @@ int observer_depth();
 // Nesting of the operator being observed on this thread (for tests: 0
 // between the segment's operators).
 int observer_nesting();
+// Operators whose schema facts this thread has cached (for tests: bounded by
+// the number of distinct operator overloads).
+int64_t observer_known_operators();
 
 }  // namespace torch_replay::aten
