@@ -236,11 +236,6 @@ def bench_journal(reps: int, mib_: int, versions_list, ratios, rows: dict) -> di
     return rows
 
 
-RESULTS_JSON = os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "results", "checkpoint.json"
-)
-
-
 def mib(n):
     return f"{n / 2**20:,.1f}"
 
@@ -310,13 +305,19 @@ def main() -> int:
     p.add_argument("--mib", type=int, default=256)
     p.add_argument("--versions", default="1,8,64", help="live versions to measure")
     p.add_argument("--ratios", default="0.001,0.01,0.1,1", help="write ratios to measure")
-    p.add_argument("--json", default=RESULTS_JSON, help="results kept between runs")
+    p.add_argument(
+        "--json",
+        default=None,
+        help="results kept between partial runs (default: beside --out; none without --out)",
+    )
     p.add_argument("--out", default=None, help="markdown table to write")
     p.add_argument("--device", default="cpu", help="overhead: cpu or cuda")
     p.add_argument("--width", type=int, default=1024, help="overhead: model width (small run: 256)")
     a = p.parse_args()
     data = {"overhead": None, "journal": {}}
-    if os.path.exists(a.json):
+    if a.json is None and a.out:
+        a.json = os.path.splitext(a.out)[0] + ".json"
+    if a.json and os.path.exists(a.json):
         with open(a.json) as f:
             data = json.load(f)
     if a.what in ("overhead", "all"):
@@ -326,8 +327,9 @@ def main() -> int:
         versions = [int(v) for v in a.versions.split(",")]
         ratios = [float(r) for r in a.ratios.split(",")]
         bench_journal(a.reps or 3, a.mib, versions, ratios, data["journal"])
-    with open(a.json, "w") as f:
-        json.dump(data, f, indent=1)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(data, f, indent=1)
     md = markdown(data["overhead"], data["journal"], sys.argv[1:])
     print(md)
     if a.out:

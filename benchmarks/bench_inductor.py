@@ -16,7 +16,8 @@ says which torchvision install (version and path) was used, or why none.
 Run:
     nice -n 10 .venv/bin/python benchmarks/bench_inductor.py [--size small|full]
         [--tv-size 224] [--deeplab-size 512] [--train-size 224] [--name inductor.md]
-writes benchmarks/results/<name> (rewritten after every model).
+        [--out benchmarks/results]
+prints the table; with --out, writes <out>/<name> (rewritten after every model).
 """
 
 from __future__ import annotations
@@ -419,6 +420,8 @@ def write_table(path, all_rows, failures, started, done):
         lines += [f"  - note: {n.strip().splitlines()[-1][:200]}" for n in r.notes if n.strip()]
     for f in failures:
         lines.append(f"- FAILED: {f}")
+    if path is None:  # no --out: print only, never touch committed results
+        return lines
     with open(path, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     return lines
@@ -432,7 +435,12 @@ def main():
     ap.add_argument("--train-size", type=int, default=224, help="ResNet18 training input side")
     ap.add_argument("--only", default="", help="comma-separated substrings of model names")
     ap.add_argument("--name", default="inductor.md", help="results file name")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="folder to write <name> into (e.g. benchmarks/results); without it the table "
+        "is only printed",
+    )
     args = ap.parse_args()
     torch.set_num_threads(1)
     torch._inductor.config.compile_threads = 1
@@ -441,8 +449,10 @@ def main():
     only = [w.strip().lower() for w in args.only.split(",") if w.strip()]
     todo = [("inference", *m) for m in inf] + [("training", *m) for m in train]
     todo = [t for t in todo if not only or any(w in t[1].lower() for w in only)]
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, args.name)
+    path = None
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, args.name)
     all_rows, failures = [], []
     for mode, name, build, shape in todo:
         t0 = time.perf_counter()
