@@ -60,11 +60,11 @@ DIFFERENCES = """\
   tensors, blind to allocator slack and workspaces.
 - **Byte-identity.** Source: all seven score files identical. Here torch's checkpoint cannot
   be: its re-run of the head reads the queue after the in-place enqueue (and updates BatchNorm
-  statistics a second time); it is shown to differ. The region journal refuses at the first
-  backward: the enqueue is a write outside any torch_replay segment, which the journal does
-  not record, so it cannot undo it and raises `StateMutationError` naming the queue instead
-  of replaying a wrong queue (the source's journal evidently recorded the enqueue). The
-  remaining five methods are byte-identical.
+  statistics a second time); it is shown to differ. The region journal records the
+  enqueue too (a write outside any segment is journaled before it happens; Note [Write
+  watch] in `csrc/aten/op_observer.h`), keeping only the enqueued rows (0.07 MiB against
+  the snapshot's 8 MiB here); so the remaining six methods are byte-identical, the
+  source's seven less torch's checkpoint, which the source did not run.
 - **Plans.** The joint and eager/whole planners choose from costs calibrated on this model
   (`--budget-frac` of the way from the joint minimum to the all-eager peak). Preserving the
   dense queue costs about as many bytes as the head's own activations, so a plan gains little
