@@ -6,7 +6,7 @@ Two implementations of one protocol, chosen by ``torch_replay.config.observer``:
 * ``"c++"`` (default): a thread-local RecordFunction callback of the dispatcher
   (Note [C++ observer] in csrc/aten/op_observer.h), about a microsecond per operator.
 * ``"python"``: a TorchDispatchMode below autograd (this file's
-  ``DispatchModeObserver``), about 20 µs per operator; kept as the reference the
+  ``DispatchModeObserver``), about 10 µs per operator; kept as the reference the
   C++ observer is benchmarked and tested against (benchmarks/bench_observer.py).
 
 Both see each operator with its schema: which arguments are written

@@ -59,7 +59,7 @@ class ReplayConfig:
     observer: str = os.environ.get("TORCH_REPLAY_OBSERVER", "c++")
     """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
     (a thread-local RecordFunction callback of the dispatcher, about 1 µs per
-    operator) or ``"python"`` (a TorchDispatchMode, about 20 µs per operator; the
+    operator) or ``"python"`` (a TorchDispatchMode, about 10 µs per operator; the
     reference implementation)."""
 
     observe: bool = True
