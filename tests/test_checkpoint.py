@@ -17,27 +17,11 @@ import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
 
+from .reference import assert_bitwise, grads, storage_bytes
+
 ENGINES_WRITING = ["auto", "snapshot", "readset", "journal"]
 ALL_ENGINES = ["auto", "snapshot", "readset", "journal", "guard"]
 REENTRANT = [False, True]
-
-
-def storage_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.untyped_storage())
-
-
-def grads(*tensors):
-    return [None if t.grad is None else t.grad.clone() for t in tensors]
-
-
-def assert_bitwise(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        if x is None or y is None:
-            assert x is None and y is None
-        else:
-            assert x.dtype == y.dtype and x.shape == y.shape
-            assert torch.equal(x, y), (x - y).abs().max()
 
 
 def max_diff(a, b):

@@ -20,20 +20,9 @@ import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
 
+from .reference import assert_bitwise, grads
+
 REENTRANT = [False, True]
-
-
-def grads(*tensors):
-    return [None if t.grad is None else t.grad.clone() for t in tensors]
-
-
-def assert_bitwise(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        if x is None or y is None:
-            assert x is None and y is None
-        else:
-            assert torch.equal(x, y), (x - y).abs().max()
 
 
 # ------------------------------------------------------------ signature, warnings

@@ -473,24 +473,32 @@ class _Frame:
 
         return pack
 
+    def _rerun(self, gid, txn, observed, early_stop: bool, gate=None) -> bool:
+        """Runs the segment again, saving what it saves for graph task ``gid``
+        (``txn`` decides which saved bytes must be copied; ``observed`` is the
+        transaction its operators are shown to). False if it stopped early."""
+        try:
+            with (
+                torch.autograd.graph.saved_tensors_hooks(
+                    self._recompute_pack(gid, txn, early_stop), _no_unpack
+                ),
+                torch.enable_grad(),
+            ):
+                if gate is None:
+                    self.run(observed)
+                else:
+                    self.run(observed, gate)
+        except _StopRecompute:
+            return False
+        return True
+
     def recompute(self, gid) -> None:
         txn = self.txn
         # A stateful segment runs to the end so that its end state is verified.
         early_stop = self.early_stop and not txn.stateful
         txn.begin_replay()
         try:
-            completed = True
-            try:
-                with (
-                    torch.autograd.graph.saved_tensors_hooks(
-                        self._recompute_pack(gid, txn, early_stop), _no_unpack
-                    ),
-                    torch.enable_grad(),
-                ):
-                    self.run(txn)
-            except _StopRecompute:
-                completed = False
-            if completed:
+            if self._rerun(gid, txn, txn, early_stop):
                 txn.verify_replay()
             # Recomputed tensors that alias state about to be put back to its live
             # bytes must keep the replay's bytes.
@@ -519,16 +527,7 @@ class _Frame:
         child.begin_forward([], [])
         self.gate.paused = True
         try:
-            try:
-                with (
-                    torch.autograd.graph.saved_tensors_hooks(
-                        self._recompute_pack(gid, None, self.early_stop), _no_unpack
-                    ),
-                    torch.enable_grad(),
-                ):
-                    self.run(child, new_gate())
-            except _StopRecompute:
-                pass
+            self._rerun(gid, None, child, self.early_stop, new_gate())
         finally:
             self.gate.paused = False
             child.abort_forward()  # puts every byte and generator back

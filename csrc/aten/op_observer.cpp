@@ -129,6 +129,39 @@ void add_tensors(
   }
 }
 
+// Flattens an operator's arguments into s->tensors / s->writes (which
+// argument it writes, the undeclared batch-norm writes included), and its
+// explicit generator; with `writes_only`, only the written tensors.
+void collect_arguments(
+    const OpInfo& info,
+    c10::ArrayRef<const c10::IValue> inputs,
+    bool writes_only,
+    ThreadState* s,
+    std::optional<at::Generator>* generator) {
+  bool training = false;
+  if (info.training_arg >= 0 &&
+      static_cast<size_t>(info.training_arg) < inputs.size()) {
+    const c10::IValue& t = inputs[info.training_arg];
+    training = t.isBool() && t.toBool();
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::IValue& v = inputs[i];
+    bool write = i < info.writes.size() && info.writes[i];
+    if (training) {
+      for (int e : info.extra) {
+        write |= static_cast<size_t>(e) == i;
+      }
+    }
+    if (v.isGenerator()) {
+      if (generator != nullptr) {
+        *generator = v.toGenerator();
+      }
+    } else if (write || !writes_only) {
+      add_tensors(v, write, &s->tensors, &s->writes);
+    }
+  }
+}
+
 struct CallbackGuard {
   explicit CallbackGuard(ThreadState& s) : s_(s) {
     s_.in_callback = true;
@@ -173,32 +206,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (info.skip) {
     return counted;
   }
-  c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
   std::vector<at::Tensor>& tensors = s.tensors;
   std::vector<bool>& writes = s.writes;
-  tensors.clear();
-  writes.clear();
   std::optional<at::Generator> generator;
-  bool training = false;
-  if (info.training_arg >= 0 &&
-      static_cast<size_t>(info.training_arg) < inputs.size()) {
-    const c10::IValue& t = inputs[info.training_arg];
-    training = t.isBool() && t.toBool();
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const c10::IValue& v = inputs[i];
-    bool write = i < info.writes.size() && info.writes[i];
-    if (training) {
-      for (int e : info.extra) {
-        write |= static_cast<size_t>(e) == i;
-      }
-    }
-    if (v.isGenerator()) {
-      generator = v.toGenerator();
-    } else {
-      add_tensors(v, write, &tensors, &writes);
-    }
-  }
+  collect_arguments(info, fn.inputs(), /*writes_only=*/false, &s, &generator);
   if (depth == 0) {
     s.top_keys.clear();
     s.top_written.clear();
@@ -310,25 +321,8 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
   if (depth > 0 || info.skip) {
     return counted;
   }
-  c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
-  bool training = false;
-  if (info.training_arg >= 0 &&
-      static_cast<size_t>(info.training_arg) < inputs.size()) {
-    const c10::IValue& t = inputs[info.training_arg];
-    training = t.isBool() && t.toBool();
-  }
   CallbackGuard guard(s);
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    bool write = i < info.writes.size() && info.writes[i];
-    if (training) {
-      for (int e : info.extra) {
-        write |= static_cast<size_t>(e) == i;
-      }
-    }
-    if (write) {
-      add_tensors(inputs[i], true, &s.tensors, &s.writes);
-    }
-  }
+  collect_arguments(info, fn.inputs(), /*writes_only=*/true, &s, nullptr);
   for (const at::Tensor& t : s.tensors) {
     try {
       journal_write_outside_segments(t);

@@ -889,19 +889,24 @@ void Transaction::track_random_use(
   }
 }
 
+template <typename F>
+void Transaction::keep_pending(F&& f) noexcept {
+  try {
+    f();
+  } catch (...) {
+    if (!pending_) {
+      pending_ = std::current_exception();  // the first error wins
+    }
+  }
+}
+
 void Transaction::observe_random(
     const c10::Device& device,
     const std::optional<at::Generator>& generator) noexcept {
   if (phase_ != Phase::kForward) {
     return;
   }
-  try {
-    track_random_use(device, generator);
-  } catch (...) {
-    if (!pending_) {
-      pending_ = std::current_exception();
-    }
-  }
+  keep_pending([&] { track_random_use(device, generator); });
 }
 
 void Transaction::observe_before(
@@ -910,24 +915,12 @@ void Transaction::observe_before(
     bool random,
     const std::optional<at::Generator>& generator,
     bool nested) noexcept {
-  try {
-    before_op(tensors, writes, random, generator, nested);
-  } catch (...) {
-    if (!pending_) {
-      pending_ = std::current_exception();
-    }
-  }
+  keep_pending([&] { before_op(tensors, writes, random, generator, nested); });
 }
 
 void Transaction::observe_after(
     const std::vector<at::Tensor>& outputs, bool differentiable) noexcept {
-  try {
-    after_op(outputs, differentiable);
-  } catch (...) {
-    if (!pending_) {
-      pending_ = std::current_exception();
-    }
-  }
+  keep_pending([&] { after_op(outputs, differentiable); });
 }
 
 void Transaction::raise_pending() {

@@ -214,6 +214,10 @@ class Transaction {
   [[noreturn]] void fail(
       int kind, const std::string& msg, StorageKey key) const;
   void require_phase(bool ok, const char* action) const;
+  // Runs f, keeping an exception it throws as the pending error (Note [C++
+  // observer]: callbacks of the dispatcher must not throw).
+  template <typename F>
+  void keep_pending(F&& f) noexcept;
 
   TransactionOptions options_;
   Engine engine_;
