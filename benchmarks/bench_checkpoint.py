@@ -13,7 +13,9 @@ journal: region journal vs whole snapshot on one declared buffer (--mib MiB) at 
     share of the buffer, all alive until backward). Each configuration runs in a fresh
     process; peak = the process's peak RSS during the measured steps (VmHWM, reset through
     /proc/self/clear_refs after a warm-up) minus its RSS at that reset (so it counts what
-    preservation adds, plus activations), step time = median.
+    preservation adds, plus activations), step time = median. `--where outside`: the
+    segments only read the buffer and the writes happen in the training loop, after each
+    segment and before backward (a MoCo enqueue); the journal copies on write there too.
 """
 
 from __future__ import annotations
@@ -145,7 +147,9 @@ def peak_rss() -> int:
     return _status_kib("VmHWM") * 1024
 
 
-def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int) -> dict:
+def journal_child(
+    engine: str, mib: int, ratio: float, versions: int, reps: int, where: str = "inside"
+) -> dict:
     row = 4096  # bytes per row (1024 float32)
     rows = mib * 2**20 // row
     buf = torch.zeros(rows, row // 4)
@@ -154,12 +158,16 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
     x = torch.randn(32, 64, requires_grad=True)
     w = max(1, int(round(ratio * rows)))
 
-    def seg(inp, i):
+    def write(i):
         start = (i * w) % rows
         end = min(rows, start + w)
-        s = buf[start, :64]  # a small read
         with torch.no_grad():
             buf[start:end] = float(i)  # the sparse (or dense) write
+
+    def seg(inp, i):
+        s = buf[(i * w) % rows, :64]  # a small read
+        if where == "inside":
+            write(i)
         return torch.tanh(lin(inp) * s)
 
     # Warm up (imports, first-call allocations) with a cheap configuration, then take
@@ -180,6 +188,8 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
                 + tr.checkpoint(seg, x, i, state=[buf], engine=engine, use_reentrant=False).sum()
             )
             txns.append(tr.last_transaction())
+            if where == "outside":
+                write(i)  # in the training loop, before backward
         retained = (
             sum(t.retained_bytes for t in txns)
             if engine == "snapshot"
@@ -197,7 +207,7 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
     }
 
 
-def _run_child(engine, mib_, ratio, versions, reps) -> dict:
+def _run_child(engine, mib_, ratio, versions, reps, where="inside") -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -207,6 +217,7 @@ def _run_child(engine, mib_, ratio, versions, reps) -> dict:
         str(ratio),
         str(versions),
         str(reps),
+        where,
     ]
     proc = subprocess.run(cmd, text=True, capture_output=True)
     if proc.returncode != 0:
@@ -215,15 +226,18 @@ def _run_child(engine, mib_, ratio, versions, reps) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def bench_journal(reps: int, mib_: int, versions_list, ratios, rows: dict) -> dict:
-    """Measure the grid (or part of it); rows is keyed by "versions/ratio" and updated."""
+def bench_journal(
+    reps: int, mib_: int, versions_list, ratios, rows: dict, where: str = "inside"
+) -> dict:
+    """Measure the grid (or part of it); rows is keyed by "where/versions/ratio" and
+    updated."""
     for versions in versions_list:
         for ratio in ratios:
             res = {}
             for engine in ("snapshot", "journal"):
                 r = reps if versions < 64 else max(1, reps // 2)
-                res[engine] = _run_child(engine, mib_, ratio, versions, r)
-            row = {"versions": versions, "write_ratio": ratio, "mib": mib_, **res}
+                res[engine] = _run_child(engine, mib_, ratio, versions, r, where)
+            row = {"versions": versions, "write_ratio": ratio, "mib": mib_, "where": where, **res}
             if "error" not in res["snapshot"] and "error" not in res["journal"]:
                 s_, j_ = res["snapshot"], res["journal"]
                 row["peak_ratio"] = j_["peak_rss_delta"] / max(1, s_["peak_rss_delta"])
@@ -231,7 +245,7 @@ def bench_journal(reps: int, mib_: int, versions_list, ratios, rows: dict) -> di
                     j_["retained_bytes"] + j_["replay_transient_bytes"]
                 ) / max(1, s_["retained_bytes"] + s_["replay_transient_bytes"])
                 row["time_ratio"] = j_["median_s"] / s_["median_s"]
-            rows[f"{versions}/{ratio}"] = row
+            rows[f"{where}/{versions}/{ratio}"] = row
             print(json.dumps(row), flush=True)
     return rows
 
@@ -270,22 +284,26 @@ def markdown(overhead, journal, args) -> str:
             "",
             "## Region journal vs whole snapshot (one declared buffer)",
             "",
-            "| buffer MiB | live versions | write ratio | snapshot peak MiB | journal peak MiB "
-            "| peak ratio (RSS) | peak ratio (model) | snapshot step s | journal step s "
-            "| time ratio |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| writes | buffer MiB | live versions | write ratio | snapshot peak MiB "
+            "| journal peak MiB | peak ratio (RSS) | peak ratio (model) | snapshot step s "
+            "| journal step s | time ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for r in sorted(journal.values(), key=lambda r: (r["versions"], r["write_ratio"])):
+        for r in sorted(
+            journal.values(),
+            key=lambda r: (r.get("where", "inside"), r["versions"], r["write_ratio"]),
+        ):
             s_, j_ = r["snapshot"], r["journal"]
             if "error" in s_ or "error" in j_:
                 lines.append(
-                    f"| {r['mib']} | {r['versions']} | {r['write_ratio']} | "
-                    f"{s_.get('error', mib(s_.get('peak_rss_delta', 0)))} | "
+                    f"| {r.get('where', 'inside')} | {r['mib']} | {r['versions']} | "
+                    f"{r['write_ratio']} | {s_.get('error', mib(s_.get('peak_rss_delta', 0)))} | "
                     f"{j_.get('error', mib(j_.get('peak_rss_delta', 0)))} | | | | | |"
                 )
                 continue
             lines.append(
-                f"| {r['mib']} | {r['versions']} | {r['write_ratio']} | {mib(s_['peak_rss_delta'])} | "
+                f"| {r.get('where', 'inside')} | {r['mib']} | {r['versions']} | "
+                f"{r['write_ratio']} | {mib(s_['peak_rss_delta'])} | "
                 f"{mib(j_['peak_rss_delta'])} | {r['peak_ratio']:.4f} | {r['model_peak_ratio']:.4f} | "
                 f"{s_['median_s']:.3f} | {j_['median_s']:.3f} | {r['time_ratio']:.3f} |"
             )
@@ -294,8 +312,12 @@ def markdown(overhead, journal, args) -> str:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
-        engine, mb, ratio, versions, reps = sys.argv[2:7]
-        print(json.dumps(journal_child(engine, int(mb), float(ratio), int(versions), int(reps))))
+        engine, mb, ratio, versions, reps, where = sys.argv[2:8]
+        print(
+            json.dumps(
+                journal_child(engine, int(mb), float(ratio), int(versions), int(reps), where)
+            )
+        )
         return 0
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -305,6 +327,11 @@ def main() -> int:
     p.add_argument("--mib", type=int, default=256)
     p.add_argument("--versions", default="1,8,64", help="live versions to measure")
     p.add_argument("--ratios", default="0.001,0.01,0.1,1", help="write ratios to measure")
+    p.add_argument(
+        "--where",
+        default="inside,outside",
+        help="journal: where the writes happen: inside the segments, outside (training loop)",
+    )
     p.add_argument(
         "--json",
         default=None,
@@ -326,7 +353,8 @@ def main() -> int:
     if a.what in ("journal", "all"):
         versions = [int(v) for v in a.versions.split(",")]
         ratios = [float(r) for r in a.ratios.split(",")]
-        bench_journal(a.reps or 3, a.mib, versions, ratios, data["journal"])
+        for where in a.where.split(","):
+            bench_journal(a.reps or 3, a.mib, versions, ratios, data["journal"], where)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(data, f, indent=1)

@@ -19,9 +19,9 @@ whole sequence runs with one option on every segment; per segment,
 * ``retained`` = tensor bytes its forward left alive (live-bytes tracker) +
   ``preserved``; ``preserved`` = its transaction's ``retained_bytes`` just
   before backward (0 for eager). For the journal that is the shared log since
-  the segment began, i.e. its own writes and every later segment's (SPEC
-  2.2): charging it per segment is exact for one journaled segment and
-  conservative (the log is counted once per journaled segment) for several;
+  the segment began, i.e. its own writes and every later segment's: the
+  planner charges the journaled segments' logs once, as the largest
+  (``torch_replay.planner.plan_peak``);
 * ``transient`` = the larger of its forward temporaries and the peak during its
   backward window above the live bytes at the window's start (recomputed
   activations, the live-state save around a replay, gradients).
@@ -54,7 +54,7 @@ import torch
 
 from .errors import ReplayError
 from .kernel_timing import time_kernels
-from .planner import OPTION_NAMES, Option
+from .planner import OPTION_NAMES, Option, plan_peak
 
 __all__ = [
     "SCHEMA",
@@ -795,11 +795,8 @@ def _measure_choices(
                 "preserved": int(preserved),
             }
         )
-    chosen = segments
-    model_peak = (
-        persistent
-        + sum(s["retained"] for s in chosen)
-        + max((s["transient"] for s in chosen), default=0)
+    model_peak = plan_peak(
+        [Option(c, **s) for c, s in zip(choices, segments, strict=True)], persistent
     )
     return {
         "persistent": persistent,

@@ -44,7 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from .checkpoint import checkpoint, last_transaction
-from .planner import OBJECTIVES, OPTION_NAMES, Option, Plan, plan
+from .planner import OBJECTIVES, OPTION_NAMES, Option, Plan, plan, plan_peak
 
 __all__ = [
     "LiveBytesTracker",
@@ -352,7 +352,8 @@ class PlannedSequential(torch.nn.Module):
 
     @property
     def predicted_peak(self) -> int | None:
-        """``persistent + sum(retained) + max(transient)`` of the choices, from the costs."""
+        """``persistent + retained + max(transient)`` of the choices, from the costs
+        (the journal's shared log counted once: :func:`torch_replay.planner.plan_peak`)."""
         if self.plan is not None:
             return self.plan.peak
         if self.costs is None:
@@ -363,11 +364,7 @@ class PlannedSequential(torch.nn.Module):
             if not match:
                 raise ValueError(f"segment {i} has no measured cost for option {c!r}")
             chosen.append(match[0])
-        return (
-            self.persistent
-            + sum(o.retained for o in chosen)
-            + max((o.transient for o in chosen), default=0)
-        )
+        return plan_peak(chosen, self.persistent)
 
     def _held_bytes(self) -> int:
         """Bytes the live transactions hold outside the torch allocator."""
