@@ -32,7 +32,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves
 
-from ._observe import _op_info
+from .._observe import _op_info
 
 __all__ = ["AuditReport", "SegmentAudit", "audit", "main"]
 
