@@ -1035,7 +1035,7 @@ def _first_difference(want: Mapping[str, Any], have: Mapping[str, Any]) -> str:
     for kind in ("parameters", "buffers"):
         a = {n: (s, d) for n, s, d in want.get(kind, [])}
         b = {n: (s, d) for n, s, d in have.get(kind, [])}
-        for n in sorted(set(a) | set(b)):
+        for n in [*a, *(n for n in b if n not in a)]:  # registration order
             if n not in b:
                 return f"{kind[:-1]} {n!r} is in the costs, not here"
             if n not in a:
