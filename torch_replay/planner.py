@@ -130,6 +130,17 @@ class Option:
         object.__setattr__(self, "preserved", preserved)
         object.__setattr__(self, "time", time)
 
+    def __str__(self) -> str:
+        text = (
+            f"{self.name}: retained {_mib(self.retained)} MiB, transient "
+            f"{_mib(self.transient)} MiB, time {self.time:.4g}"
+        )
+        return text + (f" (preserved {_mib(self.preserved)} MiB)" if self.preserved else "")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanPrediction:
@@ -211,6 +222,28 @@ class Plan:
     def fits(self) -> bool:
         """Whether the true peak is within the budget."""
         return self.peak <= self.budget
+
+    def __str__(self) -> str:
+        fit = "fits" if self.fits else f"OVER by {_mib(self.overshoot)} MiB"
+        lines = [
+            f"plan ({self.objective}): peak {_mib(self.peak)} MiB, budget {_mib(self.budget)} MiB "
+            f"({fit}), time {self.time:.4g}",
+            f"  {'segment':<8}{'option':<10}{'retained MiB':>13}{'transient MiB':>14}{'time':>10}",
+        ]
+        limit = 12
+        for i, o in enumerate(self.options[:limit]):
+            lines.append(
+                f"  {i:<8}{o.name:<10}{_mib(o.retained):>13}{_mib(o.transient):>14}{o.time:>10.4g}"
+            )
+        if len(self.options) > limit:
+            lines.append(
+                f"  … {len(self.options) - limit} more segments ({len(self.options)} in all)"
+            )
+        lines.append(
+            f"  peak = persistent {_mib(self.persistent)} + retained {_mib(self.retained)} "
+            f"+ max transient {_mib(self.transient)} MiB"
+        )
+        return "\n".join(lines)
 
 
 def _core():
