@@ -1,4 +1,4 @@
-"""Per-graph reports of the pass (SPEC section 5)."""
+"""Per-graph reports of the pass."""
 
 from __future__ import annotations
 

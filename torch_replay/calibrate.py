@@ -4,7 +4,7 @@ For each option (``eager``, ``snapshot``, ``journal``, ``readset``, ``guard``
 where valid) and each segment it measures retained bytes, transient bytes and
 time (seconds), on
 
-* the **shape grid** (SPEC 2.4, the source's 24 shapes): a declared buffer of
+* the **shape grid** (24 shapes in ``configs/cpu.yaml``): a declared buffer of
   ``buffer_mib`` MiB, ``live_versions`` segments that each rewrite a share
   ``write_ratio`` of it (all alive until backward), for every combination; and
 * the **segments of a model** named by a factory ``pkg.module:function``
@@ -19,8 +19,7 @@ whole sequence runs with one option on every segment; per segment,
 * ``retained`` = tensor bytes its forward left alive (live-bytes tracker) +
   ``preserved``; ``preserved`` = its transaction's ``retained_bytes`` just
   before backward (0 for eager). For the journal that is the shared log since
-  the segment began, i.e. its own writes and every later segment's (SPEC
-  2.2): charging it per segment is exact for one journaled segment and
+  the segment began, i.e. its own writes and every later segment's: charging it per segment is exact for one journaled segment and
   conservative (the log is counted once per journaled segment) for several;
 * ``transient`` = the larger of its forward temporaries and the peak during its
   backward window above the live bytes at the window's start (recomputed
@@ -101,7 +100,7 @@ class GridConfig:
     """The shape grid: every combination of the three axes is one shape."""
 
     buffer_mib: list[float]
-    """Declared buffer sizes in MiB (the source used 1,024 MiB)."""
+    """Declared buffer sizes in MiB."""
     write_ratios: list[float]
     """Share of the buffer each segment rewrites, in (0, 1]."""
     live_versions: list[int]
@@ -305,7 +304,7 @@ def reduce_config(cfg: CalibrationConfig) -> CalibrationConfig:
 
     The grid keeps its smallest buffer size, its smallest and largest write
     ratio and its smallest and largest live-version count (at most 4 shapes,
-    the corners of the source's grid at one size); at most 2 timed steps
+    the corners of the grid at one size); at most 2 timed steps
     after at most 1 warm-up; shapes are measured in this process (no
     isolation: on CUDA the peak comes from the allocator's counters anyway).
 

@@ -1,4 +1,4 @@
-"""Run a sequential model with the options the joint planner chose (SPEC section 2.3).
+"""Run a sequential model with the options the joint planner chose.
 
 :class:`PlannedSequential` takes the segments of a model, their measured
 options (from ``python -m torch_replay.calibrate`` or a list of

@@ -1,4 +1,4 @@
-"""Joint preservation-aware planner (SPEC section 2.3).
+"""Joint preservation-aware planner.
 
 Each checkpointed segment of a model can be run with one of several options:
 keep its activations (``"eager"``) or recompute them in the backward after
@@ -12,7 +12,7 @@ replayed) and time ``c[i, o]``. :func:`plan` picks one option per segment to
 
 exactly, with the dynamic program of ``csrc/core/pareto_planner.h`` (full
 Pareto frontier of (retained, max transient, time), see Note [Planner
-dominance] there), and reports the two baselines of the SPEC:
+dominance] there), and reports two baselines:
 
 * ``objective="joint"``: every option at its true cost.
 * ``objective="state_agnostic"``: the preserved bytes are left out of the
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 OPTION_NAMES: tuple[str, ...] = ("eager", "snapshot", "journal", "readset", "guard")
-"""The option names, one per engine of SPEC section 2.2."""
+"""The option names, one per engine."""
 
 OBJECTIVES: tuple[str, ...] = ("joint", "state_agnostic", "eager_whole")
 """The objectives :func:`plan` accepts."""
