@@ -1123,7 +1123,9 @@ def check_costs(doc: Mapping[str, Any], segments: Any, *, source: str = "the cos
 
 
 def _as_workload(made: Any, where: str) -> Workload:
-    if isinstance(made, Workload):
+    if isinstance(made, Workload) or (
+        type(made).__name__ == "Workload" and hasattr(made, "make_input")
+    ):
         return made
     if isinstance(made, Mapping):
         made = dict(made)
@@ -1774,4 +1776,8 @@ def costs_table(doc: Mapping[str, Any]) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run the CLI from the imported module, not from ``__main__``, so that the factories'
+    # Workload (torch_replay.calibrate.Workload) is the class this code checks for.
+    from torch_replay.calibrate import main as _main
+
+    raise SystemExit(_main())

@@ -10,7 +10,7 @@ Each suite prints a progress bar and a line per target (measured figure and targ
 and ``DIR/suites.md`` (one table per suite run); without ``--out`` nothing is written.
 The default sizes (1,024 programs for numeric and bytes, 1,200 for engines, 96 for
 complex-step, 50 for alias-stress and the cohort) take several minutes each on a small CPU;
-``--quick`` runs a few programs per suite (:data:`QUICK_SIZES`; about a minute, most of it
+``--quick`` runs a few programs per suite (:data:`QUICK_SIZES`; a minute or two, most of it
 the cohort). The reference suites (numeric,
 bytes, engines, complex-step, alias-stress) run the torch-free interpreter of the C++ core's
 replay contract; the cohort lowers generated programs to real torch modules and runs them
