@@ -2,7 +2,12 @@
 
     python benchmarks/bench_checkpoint.py overhead  [--reps 15] [--device cuda]
     python benchmarks/bench_checkpoint.py journal   [--reps 3] [--mib 256]
+    python benchmarks/bench_checkpoint.py all --quick      # small run: a minute or two, prints only
     python benchmarks/bench_checkpoint.py all --out benchmarks/results/checkpoint.md
+
+Nothing is written unless --out is given (then also <out>.json, the results kept between
+partial runs). The full run takes tens of minutes on a small CPU; --quick measures a
+256-wide model with 3 repetitions and a 16 MiB buffer with 1 and 8 live versions.
 
 overhead: torch_replay.checkpoint vs torch.utils.checkpoint on a pure model (no state):
     median step time (forward + backward) over interleaved repetitions, and the peak of
@@ -322,9 +327,20 @@ def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("what", choices=["overhead", "journal", "all", "report"])
-    p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--mib", type=int, default=256)
+    p.add_argument(
+        "what",
+        choices=["overhead", "journal", "all", "report"],
+        help="overhead, journal, both, or report (reprint the table from --json)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small run: --reps 3 --mib 16 --versions 1,8 --width 256",
+    )
+    p.add_argument(
+        "--reps", type=int, default=None, help="repetitions (default: overhead 15, journal 3)"
+    )
+    p.add_argument("--mib", type=int, default=256, help="journal: declared buffer size in MiB")
     p.add_argument("--versions", default="1,8,64", help="live versions to measure")
     p.add_argument("--ratios", default="0.001,0.01,0.1,1", help="write ratios to measure")
     p.add_argument(
@@ -341,6 +357,8 @@ def main() -> int:
     p.add_argument("--device", default="cpu", help="overhead: cpu or cuda")
     p.add_argument("--width", type=int, default=1024, help="overhead: model width (small run: 256)")
     a = p.parse_args()
+    if a.quick:
+        a.reps, a.mib, a.versions, a.width = a.reps or 3, 16, "1,8", 256
     data = {"overhead": None, "journal": {}}
     if a.json is None and a.out:
         a.json = os.path.splitext(a.out)[0] + ".json"

@@ -1,4 +1,4 @@
-"""Joint preservation-aware planner (SPEC section 2.3).
+"""Joint preservation-aware planner.
 
 Each checkpointed segment of a model can be run with one of several options:
 keep its activations (``"eager"``) or recompute them in the backward after
@@ -12,7 +12,7 @@ replayed) and time ``c[i, o]``. :func:`plan` picks one option per segment to
 
 (with the journal's shared log counted once, see below) exactly, with the dynamic program of ``csrc/core/pareto_planner.h`` (full
 Pareto frontier of (retained, max transient, time), see Note [Planner
-dominance] there), and reports the two baselines of the SPEC:
+dominance] there), and reports two baselines:
 
 * ``objective="joint"``: every option at its true cost.
 * ``objective="state_agnostic"``: the preserved bytes are left out of the
@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 OPTION_NAMES: tuple[str, ...] = ("eager", "snapshot", "journal", "readset", "guard")
-"""The option names, one per engine of SPEC section 2.2."""
+"""The option names, one per engine."""
 
 OBJECTIVES: tuple[str, ...] = ("joint", "state_agnostic", "eager_whole")
 """The objectives :func:`plan` accepts."""
@@ -143,6 +143,17 @@ class Option:
         object.__setattr__(self, "transient", transient)
         object.__setattr__(self, "preserved", preserved)
         object.__setattr__(self, "time", time)
+
+    def __str__(self) -> str:
+        text = (
+            f"{self.name}: retained {_mib(self.retained)} MiB, transient "
+            f"{_mib(self.transient)} MiB, time {self.time:.4g}"
+        )
+        return text + (f" (preserved {_mib(self.preserved)} MiB)" if self.preserved else "")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -226,6 +237,28 @@ class Plan:
     def fits(self) -> bool:
         """Whether the true peak is within the budget."""
         return self.peak <= self.budget
+
+    def __str__(self) -> str:
+        fit = "fits" if self.fits else f"OVER by {_mib(self.overshoot)} MiB"
+        lines = [
+            f"plan ({self.objective}): peak {_mib(self.peak)} MiB, budget {_mib(self.budget)} MiB "
+            f"({fit}), time {self.time:.4g}",
+            f"  {'segment':<8}{'option':<10}{'retained MiB':>13}{'transient MiB':>14}{'time':>10}",
+        ]
+        limit = 12
+        for i, o in enumerate(self.options[:limit]):
+            lines.append(
+                f"  {i:<8}{o.name:<10}{_mib(o.retained):>13}{_mib(o.transient):>14}{o.time:>10.4g}"
+            )
+        if len(self.options) > limit:
+            lines.append(
+                f"  … {len(self.options) - limit} more segments ({len(self.options)} in all)"
+            )
+        lines.append(
+            f"  peak = persistent {_mib(self.persistent)} + retained {_mib(self.retained)} "
+            f"+ max transient {_mib(self.transient)} MiB"
+        )
+        return "\n".join(lines)
 
 
 def _core():
