@@ -11,6 +11,7 @@ See Note [Replay protocol] in ``csrc/aten/transaction.h`` for the protocol and
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import os
 import uuid
@@ -96,6 +97,28 @@ def engine_bytes() -> int:
     counts do not include them; add this figure to report a step's real memory."""
     C = require_extension()
     return int(C.region_store_bytes()) + int(C.journal_bytes())
+
+
+_transaction_sink: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "torch_replay_transaction_sink", default=None
+)
+
+
+@contextlib.contextmanager
+def collect_transactions():
+    """Hands the C++ Transactions of the checkpoint calls made inside the ``with``
+    block (in this thread or task) to the caller, in call order: how
+    :class:`~torch_replay.PlannedSequential` gets each segment's transaction
+    without the process-wide :func:`last_transaction`.
+
+    Yields:
+        The list they are appended to."""
+    sink: list = []
+    token = _transaction_sink.set(sink)
+    try:
+        yield sink
+    finally:
+        _transaction_sink.reset(token)
 
 
 def last_transaction():
@@ -271,6 +294,9 @@ def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, l
     if last:
         global _last_txn
         _last_txn = weakref.ref(txn)
+        sink = _transaction_sink.get()
+        if sink is not None:
+            sink.append(txn)
     return txn
 
 

@@ -43,7 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .checkpoint import checkpoint, last_transaction
+from .checkpoint import checkpoint, collect_transactions
 from .planner import OBJECTIVES, OPTION_NAMES, Option, Plan, plan, plan_peak
 
 __all__ = [
@@ -496,14 +496,17 @@ class PlannedSequential(torch.nn.Module):
                 h = fn(h)
                 txn = None
             else:
-                h = checkpoint(
-                    fn,
-                    h,
-                    use_reentrant=self.use_reentrant,
-                    replay_state=self._state[i],  # never a segment's own keyword
-                    replay_engine=choice,
-                )
-                txn = last_transaction()
+                with collect_transactions() as made:
+                    h = checkpoint(
+                        fn,
+                        h,
+                        use_reentrant=self.use_reentrant,
+                        replay_state=self._state[i],  # never a segment's own keyword
+                        replay_engine=choice,
+                    )
+                # The segment's own transaction: the first one its call made (nested
+                # checkpoints inside the segment come after it).
+                txn = made[0] if made else None
             self._txns[i] = weakref.ref(txn) if txn is not None else None
             if prof is not None:
                 prof.after_forward(i, h, txn)
