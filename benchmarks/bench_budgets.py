@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import torch_replay as tr  # noqa: E402
 from torch_replay import calibrate as cal  # noqa: E402
 from torch_replay.planned import PlannedSequential  # noqa: E402
-from torch_replay.planner import Option  # noqa: E402
+from torch_replay.planner import Option, plan_peak  # noqa: E402
 
 MIB = 2**20
 WORKLOADS = {
@@ -111,7 +111,7 @@ def options_of(cost: dict) -> list[list[Option]]:
 
 def fixed_peak(opts: list[list[Option]], choices: list[str], persistent: int) -> int:
     chosen = [next(o for o in seg if o.name == c) for seg, c in zip(opts, choices, strict=True)]
-    return persistent + sum(o.retained for o in chosen) + max(o.transient for o in chosen)
+    return plan_peak(chosen, persistent)
 
 
 def fixed_time(opts: list[list[Option]], choices: list[str]) -> float:

@@ -9,7 +9,7 @@ the segment through :func:`torch_replay.checkpoint` with that engine.
 
 Predicted vs measured peak (Note [Measured peak]):
 
-* predicted: ``plan.peak = persistent + sum(retained) + max(transient)`` with
+* predicted: ``plan.peak = persistent + retained + max(transient)`` (the journal's shared log counted once: :func:`torch_replay.planner.plan_peak`) with
   the calibrated costs.
 * measured (:meth:`PlannedSequential.measure`): ``static`` (bytes of the
   distinct storages of the parameters, buffers and declared state tensors at
