@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.argv[1:] if argv is None else argv
     )
     out = [
-        "# Lower bounds and certification (SPEC 3.2)",
+        "# Lower bounds and certification (design.md §3.2)",
         "",
         f"Command: `{command.strip()}`",
         "",

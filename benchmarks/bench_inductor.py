@@ -348,7 +348,7 @@ def command_line():
 
 def write_table(path, all_rows, failures, started, done):
     lines = [
-        "# Inductor wrapper permutation (SPEC 3.3): CPU FP32, one thread",
+        "# Inductor wrapper permutation (design.md §3.3): CPU FP32, one thread",
         "",
         f"Command: `{command_line()}`",
         "",

@@ -1,7 +1,7 @@
 #pragma once
 
 // Note [Replay contract]
-// The reference semantics of SPEC section 2.1, independent of torch: a small
+// The reference semantics of design.md §2.1, independent of torch: a small
 // interpreter of programs over typed buffers that share storage.
 //
 //   storage 0: [ b0 b1 b2 b3 b4 b5 b6 b7 | b8 ... ]   raw bytes
@@ -26,7 +26,7 @@
 // accumulation is  vbar[p(k)] += vbar[k] * f'_k(z_k) * m_k * c_{k,p}  and
 // stops at int32 nodes; an input whose influence on the loss passes through
 // an int32 write or reinterpreted bytes gets no gradient value: it is
-// classified "unsupported" (SPEC 2.1), never given a number.
+// classified "unsupported" (design.md §2.1), never given a number.
 //
 // Segment boundaries split the ops into segments. The byte rule: replaying a
 // segment's ops from its start bytes B0 and generator state R0 must give its

@@ -24,7 +24,7 @@ def suite_cohort(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
     with and without ``state=``), with RNG preservation on and off; one record per
     execution. Where JAX is importable, each program also runs as the JAX family
     (:data:`JAX_METHODS`, float64 on CPU): functional versions under ``jax.checkpoint`` and
-    the in-place / impure-holder variants JAX must reject (SPEC 2.4, cohort).
+    the in-place / impure-holder variants JAX must reject (design.md §2.4, cohort).
 
     Args:
         seed: first seed (source: 420000); seeds ``seed .. seed + programs - 1``.

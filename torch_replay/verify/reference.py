@@ -14,7 +14,7 @@ from .report import REFERENCE_ENGINES, SuiteResult, _program, _Progress, _target
 
 def suite_numeric(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
     """Scalar outputs reproduced exactly, reverse vs forward-mode gradients, and a control
-    replay that reads the final storage instead of versions (SPEC 2.4, numeric suite).
+    replay that reads the final storage instead of versions (design.md §2.4, numeric suite).
 
     Args:
         seed: first program seed (programs use ``seed .. seed + programs - 1``).
@@ -68,7 +68,7 @@ def suite_numeric(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
 
 def suite_bytes(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
     """The byte rule P(B0, R0) = (B_T, R_T) per segment: snapshot replay, region undo/redo,
-    read-set, guard, and replay from a wrong generator state (SPEC 2.4, byte suite).
+    read-set, guard, and replay from a wrong generator state (design.md §2.4, byte suite).
 
     Args:
         seed: first program seed.
@@ -146,7 +146,7 @@ def suite_bytes(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
 
 def suite_engines(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
     """Checkpointed backward with every preservation engine of the reference semantics:
-    each segment replayed newest first from what its engine restores (SPEC 2.4, engines).
+    each segment replayed newest first from what its engine restores (design.md §2.4, engines).
 
     Args:
         seed: first program seed.
@@ -228,7 +228,7 @@ def suite_engines(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
 
 
 def suite_complex_step(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
-    """Complex-step derivatives (h = 1e-30) against reverse accumulation (SPEC 2.4).
+    """Complex-step derivatives (h = 1e-30) against reverse accumulation (design.md §2.4).
 
     Args:
         seed: first program seed.
