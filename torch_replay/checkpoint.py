@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._ext import require_extension
 from ._observe import DispatchModeObserver, Observer, new_gate
+from .compiled import checkpoint_compiled
 from .errors import ReplayError, UnsupportedReplayError
 
 __all__ = [
@@ -321,6 +322,7 @@ def _in_graph_exec_group() -> bool:
 _OPTIONS = (("state", "replay_state", None), ("engine", "replay_engine", "auto"))
 
 
+@torch._dynamo.assume_constant_result
 def _takes_keyword(function, name: str) -> bool | None:
     """True if ``function`` has a parameter ``name`` that can be passed by
     keyword, False if it certainly does not, None if it cannot tell."""
@@ -811,6 +813,24 @@ def checkpoint(
         use_reentrant = True
     preserve = kwargs.pop("preserve_rng_state", True)
     state, engine = _replay_options(function, kwargs)
+    if torch.compiler.is_compiling():
+        # Inside torch.compile: Dynamo's checkpoint region (Note [Checkpoint under
+        # torch.compile] in compiled.py), not the eager transaction.
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        return checkpoint_compiled(
+            function,
+            args,
+            kwargs,
+            use_reentrant=use_reentrant,
+            context_fn=context_fn,
+            determinism_check=determinism_check,
+            debug=debug,
+            early_stop=early_stop,
+            preserve=preserve,
+            state=state,
+            engine=engine,
+        )
     if kwargs and use_reentrant:
         raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
     if engine not in ENGINES:
