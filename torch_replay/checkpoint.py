@@ -29,6 +29,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._ext import require_extension
 from ._observe import DispatchModeObserver, Observer, new_gate
+from . import fsdp as _fsdp
 from .compiled import checkpoint_compiled
 from .errors import ReplayError, UnsupportedReplayError
 
@@ -120,16 +121,21 @@ def _collect_state(state, function):
         if isinstance(item, torch.nn.Module):
             prefix = paths.get(id(item), type(item).__name__)
             prefix = prefix or type(item).__name__
+            # FSDP2 / DTensor state is preserved by its local shard (Note [FSDP traffic]).
+            owner = _fsdp.owners(item)
             for n, b in item.named_buffers():
                 if b is not None:
-                    tensors.append(b)
-                    names.append(f"{prefix}.{n} (buffer)")
+                    local = _fsdp.local_state(b, owner)
+                    tensors.append(local)
+                    names.append(f"{prefix}.{n} (buffer{_shard_word(local, b)})")
             for n, p in item.named_parameters():
-                tensors.append(p)
-                names.append(f"{prefix}.{n} (parameter)")
+                local = _fsdp.local_state(p, owner)
+                tensors.append(local)
+                names.append(f"{prefix}.{n} (parameter{_shard_word(local, p)})")
         elif isinstance(item, torch.Tensor):
-            tensors.append(item)
-            names.append(_tensor_name(item, root) or f"state[{i}]")
+            local = _fsdp.local_state(item)
+            tensors.append(local)
+            names.append((_tensor_name(item, root) or f"state[{i}]") + _shard_word(local, item))
         elif isinstance(item, torch.Generator):
             gens.append(item)
             gen_names.append(f"state[{i}] (torch.Generator on {item.device})")
@@ -139,6 +145,10 @@ def _collect_state(state, function):
                 "nn.Modules (their buffers and parameters) and torch.Generators only"
             )
     return tensors, names, gens, gen_names
+
+
+def _shard_word(local: torch.Tensor, declared: torch.Tensor) -> str:
+    return ", local shard" if local is not declared else ""
 
 
 def _tensor_name(t: torch.Tensor, root: torch.nn.Module | None) -> str | None:
@@ -851,6 +861,7 @@ def checkpoint(
         raise ValueError(
             f"torch_replay.config.observer must be 'c++' or 'python', got {config.observer!r}"
         )
+    _fsdp.install()  # FSDP2's unshard/reshard is not the segment's (Note [FSDP traffic])
     if not torch.is_grad_enabled():
         # Nothing will be differentiated: run plainly (as torch does).
         _collect_state(state, function)  # still refuse malformed state
