@@ -27,9 +27,9 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from . import fsdp as _fsdp
 from ._ext import require_extension
 from ._observe import DispatchModeObserver, Observer, new_gate
-from . import fsdp as _fsdp
 from .compiled import checkpoint_compiled
 from .errors import ReplayError, UnsupportedReplayError
 
