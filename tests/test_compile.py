@@ -232,3 +232,47 @@ def test_torch_replay_backend_compiles_checkpointed_model():
     torch.testing.assert_close(loss_r, loss.detach())
     for a, b in zip(g_r, [x.grad] + [p.grad for p in model.parameters()], strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_swapped_torch_checkpoint_under_compile(monkeypatch):
+    """scripts/torch_checkpoint_tests.py swaps torch.utils.checkpoint.checkpoint for
+    torch_replay's: under compile that must still reach torch's region, not recurse."""
+    monkeypatch.setattr(tcp, "checkpoint", tr.checkpoint)
+    block = _Shifted()
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    x = torch.randn(4, 16, requires_grad=True)
+    fn = torch.compile(lambda x: tcp.checkpoint(block, x, use_reentrant=False), backend=counter)
+    fn(x).sum().backward()
+    assert counter.frame_count == 1
+    assert sum(torch._dynamo.utils.counters["graph_break"].values()) == 0
+    x2 = x.detach().requires_grad_(True)
+    block(x2).sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+def test_declared_tensor_no_module_owns_falls_back_eagerly_with_warning():
+    """A declared tensor the region cannot take as an input: the eager segment runs
+    behind a graph break (saying so), and the replay contract holds."""
+    import torch_replay.compiled as compiled
+
+    compiled._warned.clear()
+    queue = torch.randn(16)
+    lin = torch.nn.Linear(16, 16)
+
+    def seg(x):
+        return torch.tanh(lin(x) * queue)
+
+    torch._dynamo.reset()
+    x = torch.randn(4, 16, requires_grad=True)
+    with pytest.warns(UserWarning, match="runs eagerly behind a graph break"):
+        out = torch.compile(
+            lambda x: tr.checkpoint(seg, x, use_reentrant=False, state=[queue]),
+            backend="aot_eager",
+        )(x)
+    x2 = x.detach().requires_grad_(True)
+    seg(x2).sum().backward()  # eager reference, before the queue changes
+    queue.mul_(2.0)
+    out.sum().backward()
+    torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)

@@ -818,14 +818,12 @@ def checkpoint(
         OverlapError: the segment copies between overlapping views of one memory.
         TypeError, ValueError: bad arguments (nothing is run, or state is rolled back).
     """
-    if use_reentrant is None:
-        warnings.warn(_USE_REENTRANT_WARNING, stacklevel=2)
-        use_reentrant = True
-    preserve = kwargs.pop("preserve_rng_state", True)
-    state, engine = _replay_options(function, kwargs)
     if torch.compiler.is_compiling():
         # Inside torch.compile: Dynamo's checkpoint region (Note [Checkpoint under
-        # torch.compile] in compiled.py), not the eager transaction.
+        # torch.compile] in compiled.py), not the eager transaction. As torch there,
+        # an omitted use_reentrant is not warned about.
+        preserve = kwargs.pop("preserve_rng_state", True)
+        state, engine = _replay_options(function, kwargs)
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         return checkpoint_compiled(
@@ -841,6 +839,11 @@ def checkpoint(
             state=state,
             engine=engine,
         )
+    if use_reentrant is None:
+        warnings.warn(_USE_REENTRANT_WARNING, stacklevel=2)
+        use_reentrant = True
+    preserve = kwargs.pop("preserve_rng_state", True)
+    state, engine = _replay_options(function, kwargs)
     if kwargs and use_reentrant:
         raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
     if engine not in ENGINES:

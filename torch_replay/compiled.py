@@ -55,6 +55,10 @@ from .errors import UnsupportedReplayError
 
 __all__ = ["checkpoint_compiled", "snapshot"]
 
+# torch's own function, which Dynamo turns into the region: kept even if a caller
+# swaps torch.utils.checkpoint.checkpoint for torch_replay's (docs/dropin.md).
+_torch_checkpoint = _tcp.checkpoint
+
 
 @torch.library.custom_op("torch_replay::snapshot", mutates_args=())
 def snapshot(x: torch.Tensor) -> torch.Tensor:
@@ -194,7 +198,7 @@ def checkpoint_compiled(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
-    use_reentrant: bool,
+    use_reentrant: bool | None,
     context_fn,
     determinism_check: str,
     debug: bool,
@@ -225,21 +229,26 @@ def checkpoint_compiled(
             "debug": debug,
             "preserve_rng_state": preserve,
         }
-        return _eager_segment(function, args, kwargs, use_reentrant, options)
+        reentrant = True if use_reentrant is None else use_reentrant  # torch's default
+        return _eager_segment(function, args, kwargs, reentrant, options)
     if context_fn is _tcp.noop_context_fn and _budget_below_one():
-        context_fn = rng_context_fn
-    options: dict[str, Any] = {"use_reentrant": use_reentrant, "preserve_rng_state": preserve}
-    if not use_reentrant:
+        # AOTAutograd traces every region non-reentrantly (torch/_higher_order_ops/
+        # wrap.py), so saying so changes nothing but admits the policy.
+        context_fn, use_reentrant = rng_context_fn, False
+    options: dict[str, Any] = {"preserve_rng_state": preserve}
+    if use_reentrant is not None:
+        options["use_reentrant"] = use_reentrant
+    if use_reentrant is False:
         options.update(determinism_check=determinism_check, debug=debug)
         if context_fn is not _tcp.noop_context_fn:
             options["context_fn"] = context_fn  # Dynamo takes user functions and partials
     if owned is None:
-        return _tcp.checkpoint(function, *args, **options, **kwargs)
+        return _torch_checkpoint(function, *args, **options, **kwargs)
     root, mapping = owned
     live = list(mapping.values())
     copies = [snapshot(t) for t in live]
     body = _reparametrized(function, root, list(mapping), len(args))
-    out = _tcp.checkpoint(body, *args, *copies, **options, **kwargs)
+    out = _torch_checkpoint(body, *args, *copies, **options, **kwargs)
     with torch.no_grad():
         for t, c in zip(live, copies, strict=True):
             t.copy_(c)  # what the segment wrote, once
