@@ -276,3 +276,19 @@ def test_declared_tensor_no_module_owns_falls_back_eagerly_with_warning():
     queue.mul_(2.0)
     out.sum().backward()
     torch.testing.assert_close(x.grad, x2.grad, rtol=0, atol=0)
+
+
+def test_fullgraph_smoke():
+    """fullgraph=True: a graph break anywhere in tr.checkpoint would raise."""
+    torch._dynamo.reset()
+    for declare in (False, True):
+        model = _Stack(declare)
+        x = torch.randn(4, 16, requires_grad=True)
+        torch.compile(model, fullgraph=True, backend="aot_eager")(x).backward()
+        x2 = x.detach().requires_grad_(True)
+        ref = _Stack(False)
+        h = x2
+        for b in ref.blocks:
+            h = b(h)
+        h.sum().backward()
+        torch.testing.assert_close(x.grad, x2.grad)
