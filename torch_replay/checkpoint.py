@@ -869,6 +869,30 @@ def checkpoint(
         # Nothing will be differentiated: run plainly (as torch does).
         _collect_state(state, function)  # still refuse malformed state
         return function(*args, **kwargs)
+    if isinstance(function, torch._dynamo.eval_frame.OptimizedModule):
+        # A compiled block: its kernels write memory the observer cannot see (and
+        # Inductor allocates buffers outside the dispatcher). Compile the segment
+        # instead, with the block's own compile settings, so it becomes Dynamo's
+        # checkpoint region around the original module (Note [Checkpoint under
+        # torch.compile] in compiled.py).
+        original = function._orig_mod
+
+        def segment(*a, **k):
+            return checkpoint(
+                original,
+                *a,
+                use_reentrant=use_reentrant,
+                context_fn=context_fn,
+                determinism_check=determinism_check,
+                debug=debug,
+                early_stop=early_stop,
+                preserve_rng_state=preserve,
+                replay_state=state,
+                replay_engine=engine,
+                **k,
+            )
+
+        return function.dynamo_ctx(segment)(*args, **kwargs)
     watch_reads = use_reentrant or config.detect == "reads"
     if not config.observe and state is not None:
         # Without the observer nothing reports what the segment touches: only the
