@@ -8,7 +8,7 @@ versions; ``dense``: every segment rewrites the whole buffer, write ratio 1):
 
 1. its segments are calibrated in a fresh process (``measure_segments``: one
    option on every segment, per-segment retained / transient / time);
-2. budgets are derived from those costs so that the source's three regimes
+2. budgets are derived from those costs so that three regimes
    appear: ``eager fits`` (budget = the all-eager peak), ``eager/whole
    infeasible`` (halfway between the joint and the eager/whole minimum
    budgets) and ``pressure`` (halfway between the eager/whole minimum and the

@@ -4,7 +4,7 @@ For each option (``eager``, ``snapshot``, ``journal``, ``readset``, ``guard``
 where valid) and each segment it measures retained bytes, transient bytes and
 time (seconds), on
 
-* the **shape grid** (SPEC 2.4, the source's 24 shapes): a declared buffer of
+* the **shape grid** (24 shapes in ``configs/cpu.yaml``): a declared buffer of
   ``buffer_mib`` MiB, ``live_versions`` segments that each rewrite a share
   ``write_ratio`` of it (all alive until backward), for every combination; and
 * the **segments of a model** named by a factory ``pkg.module:function``
@@ -19,9 +19,9 @@ whole sequence runs with one option on every segment; per segment,
 * ``retained`` = tensor bytes its forward left alive (live-bytes tracker) +
   ``preserved``; ``preserved`` = its transaction's ``retained_bytes`` just
   before backward (0 for eager). For the journal that is the shared log since
-  the segment began, i.e. its own writes and every later segment's (SPEC
-  2.2): charging it per segment is exact for one journaled segment and
-  conservative (the log is counted once per journaled segment) for several;
+  the segment began, i.e. its own writes and every later segment's: the
+  planner charges the journaled segments' logs once, as the largest
+  (``torch_replay.planner.plan_peak``);
 * ``transient`` = the larger of its forward temporaries and the peak during its
   backward window above the live bytes at the window's start (recomputed
   activations, the live-state save around a replay, gradients).
@@ -54,7 +54,7 @@ import torch
 
 from .errors import ReplayError
 from .kernel_timing import time_kernels
-from .planner import OPTION_NAMES, Option
+from .planner import OPTION_NAMES, Option, plan_peak
 
 __all__ = [
     "SCHEMA",
@@ -67,6 +67,12 @@ __all__ = [
     "BufferSegment",
     "buffer_workload",
     "calibrate",
+    "calibrate_model",
+    "check_costs",
+    "machine_info",
+    "measurement_count",
+    "model_fingerprint",
+    "workload_from",
     "dense_workload",
     "load_config",
     "load_costs",
@@ -95,7 +101,7 @@ class GridConfig:
     """The shape grid: every combination of the three axes is one shape."""
 
     buffer_mib: list[float]
-    """Declared buffer sizes in MiB (the source used 1,024 MiB)."""
+    """Declared buffer sizes in MiB."""
     write_ratios: list[float]
     """Share of the buffer each segment rewrites, in (0, 1]."""
     live_versions: list[int]
@@ -299,7 +305,7 @@ def reduce_config(cfg: CalibrationConfig) -> CalibrationConfig:
 
     The grid keeps its smallest buffer size, its smallest and largest write
     ratio and its smallest and largest live-version count (at most 4 shapes,
-    the corners of the source's grid at one size); at most 2 timed steps
+    the corners of the grid at one size); at most 2 timed steps
     after at most 1 warm-up; shapes are measured in this process (no
     isolation: on CUDA the peak comes from the allocator's counters anyway).
 
@@ -585,8 +591,10 @@ def dense_workload(**kwargs: Any) -> Workload:
     return queue_workload(**kwargs)
 
 
-def _resolve_factory(spec: str) -> Callable[..., Workload]:
+def _resolve_factory(spec: str) -> Callable[..., Any]:
     module, _, name = spec.partition(":")
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # pkg.module names are found from the current directory
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
@@ -677,6 +685,7 @@ def measure_segments(
     reps: int = 3,
     warmup: int = 1,
     device: str = "cpu",
+    progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Measure every option on every segment of a workload (see the module docstring).
 
@@ -687,14 +696,20 @@ def measure_segments(
         reps: timed steps (median kept).
         warmup: untimed steps first.
         device: ``"cpu"`` or ``"cuda"`` (for the physical peak).
+        progress: called with a short label after each measurement
+            (:func:`measurement_count` says how many there will be).
 
     Returns:
         ``{"persistent": int, "options": {name: {...}}, "segments": [[option
-        dicts]]}``: per option the step time, the physical and tracked peaks
+        dicts]], "fingerprint": {...}}``: per option the step time, the physical and tracked peaks
         and the per-segment costs (or ``valid: False`` with the reason), and
-        per segment its list of valid options as :class:`Option` fields.
+        per segment its list of valid options as :class:`Option` fields; the
+        fingerprint of the segments and of each segment's input (see
+        :func:`model_fingerprint`).
     """
     n = len(workload.segments)
+    tick = progress or (lambda label: None)
+    inputs = _record_inputs(workload)
     per_option: dict[str, Any] = {}
     seg_opts: list[dict[str, dict[str, Any]]] = [{} for _ in range(n)]
     persistent = 0
@@ -704,6 +719,7 @@ def measure_segments(
         res = _measure_choices(workload, [name] * n, reps=reps, warmup=warmup, device=device)
         persistent = res.pop("persistent")
         per_option[name] = res
+        tick(name)
         if res["valid"]:
             for i, cost in enumerate(res["segments"]):
                 seg_opts[i][name] = cost
@@ -715,6 +731,7 @@ def measure_segments(
         for i in range(n):
             if written is not None and written[i] > 0:
                 guard["reason"][i] = "writes declared state"
+                tick(f"guard {i}")
                 continue
             choices = ["eager"] * n
             choices[i] = "guard"
@@ -726,6 +743,7 @@ def measure_segments(
                 guard["valid"] = True
             else:
                 guard["reason"][i] = res["reason"]
+            tick(f"guard {i}")
         per_option["guard"] = guard
     return {
         "persistent": persistent,
@@ -733,7 +751,21 @@ def measure_segments(
         "segments": [
             [dict(name=k, **v) for k, v in opts.items() if k in OPTION_NAMES] for opts in seg_opts
         ],
+        "fingerprint": model_fingerprint(workload.segments, inputs),
     }
+
+
+def measurement_count(options: Sequence[str], segments: int) -> int:
+    """How many measurements :func:`measure_segments` makes (progress bar length).
+
+    Args:
+        options: the option names.
+        segments: the number of segments.
+
+    Returns:
+        One per option other than ``guard``, plus one per segment for ``guard``.
+    """
+    return len([o for o in options if o != "guard"]) + (segments if "guard" in options else 0)
 
 
 def _measure_choices(
@@ -743,7 +775,8 @@ def _measure_choices(
 
     model = PlannedSequential(workload.segments, state=workload.state, choices=choices)
     persistent = model.persistent
-    snapshot = [t.clone() for t in workload.state if isinstance(t, torch.Tensor)]
+    kept = _state_tensors(workload.state)
+    snapshot = [t.detach().clone() for t in kept]
     physical = _PhysicalPeak(device)
     times: list[list[float]] = [[] for _ in choices]
     steps: list[float] = []
@@ -778,10 +811,8 @@ def _measure_choices(
         return {"persistent": persistent, "valid": False, "reason": f"{type(e).__name__}: {e}"}
     finally:
         with torch.no_grad():  # the next measurement starts from the same state
-            it = iter(snapshot)
-            for t in workload.state:
-                if isinstance(t, torch.Tensor):
-                    t.copy_(next(it))
+            for t, c in zip(kept, snapshot, strict=True):
+                t.copy_(c)
         for p in model.parameters():
             p.grad = None
     segments = []
@@ -795,11 +826,8 @@ def _measure_choices(
                 "preserved": int(preserved),
             }
         )
-    chosen = segments
-    model_peak = (
-        persistent
-        + sum(s["retained"] for s in chosen)
-        + max((s["transient"] for s in chosen), default=0)
+    model_peak = plan_peak(
+        [Option(c, **s) for c, s in zip(choices, segments, strict=True)], persistent
     )
     return {
         "persistent": persistent,
@@ -837,6 +865,433 @@ def _written(w: Workload) -> int:
     return 0
 
 
+# --------------------------------------------------------------- fingerprint
+
+
+def _describe_value(v: Any) -> Any:
+    if isinstance(v, torch.Tensor):
+        return {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
+    if isinstance(v, (list, tuple)):
+        return [_describe_value(x) for x in v]
+    if isinstance(v, Mapping):
+        return {str(k): _describe_value(x) for k, x in v.items()}
+    return type(v).__name__
+
+
+def _describe_segment(m: Any) -> dict[str, Any]:
+    cls = type(m)
+    out: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
+    if isinstance(m, torch.nn.Module):
+        out["parameters"] = [
+            [n, list(p.shape), str(p.dtype).replace("torch.", "")] for n, p in m.named_parameters()
+        ]
+        out["buffers"] = [
+            [n, list(b.shape), str(b.dtype).replace("torch.", "")]
+            for n, b in m.named_buffers()
+            if b is not None
+        ]
+    elif hasattr(m, "__qualname__"):
+        out["class"] = f"{getattr(m, '__module__', '?')}.{m.__qualname__}"
+    return out
+
+
+def _segment_names(segments: Any) -> list[str]:
+    if isinstance(segments, torch.nn.Sequential):
+        return [n for n, _ in segments.named_children()]
+    return [str(i) for i in range(len(list(segments)))]
+
+
+def model_fingerprint(segments: Any, inputs: Sequence[Any] | None = None) -> dict[str, Any]:
+    """What identifies the model a costs file was measured on.
+
+    Args:
+        segments: the segments (a list of modules or an ``nn.Sequential``).
+        inputs: each segment's input as seen during calibration, already
+            described (shapes and dtypes), or None.
+
+    Returns:
+        ``{"digest", "segments": [{"name", "class", "parameters",
+        "buffers", "input"}]}``; ``digest`` is a SHA-256 over the segments'
+        classes, parameter and buffer names, shapes and dtypes (not the
+        inputs: the batch may change), so two models with the same digest
+        have the same structure.
+    """
+    import hashlib
+
+    mods = list(segments.children() if isinstance(segments, torch.nn.Sequential) else segments)
+    names = _segment_names(segments)
+    described = [_describe_segment(m) for m in mods]
+    digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+    segs = []
+    for i, d in enumerate(described):
+        entry = {"name": names[i], **d}
+        if inputs is not None and i < len(inputs):
+            entry["input"] = inputs[i]
+        segs.append(entry)
+    return {"digest": digest, "segments": segs}
+
+
+def _state_tensors(state: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for item in state or ():
+        if isinstance(item, torch.Tensor):
+            out.append(item)
+        elif isinstance(item, torch.nn.Module):
+            out.extend(b for b in item.buffers() if b is not None)
+            out.extend(item.parameters())
+        elif isinstance(item, (list, tuple)):
+            out.extend(_state_tensors(item))
+    return out
+
+
+class _Kept:
+    """Restores buffers, declared state, gradients and torch's CPU generator on exit.
+
+    Calibration runs training steps; the user's model must come out as it went in.
+    """
+
+    def __init__(self, segments: Sequence[Any], state: Any) -> None:
+        self.tensors: dict[int, torch.Tensor] = {}
+        self.params: list[torch.nn.Parameter] = []
+        for m in segments:
+            if isinstance(m, torch.nn.Module):
+                for b in m.buffers():
+                    if b is not None:
+                        self.tensors[id(b)] = b
+                self.params.extend(m.parameters())
+        for t in _state_tensors(state):
+            self.tensors[id(t)] = t
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.grads: list[Any] = []
+        self.rng = None
+
+    def __enter__(self) -> _Kept:
+        self.copies = [(t, t.detach().clone()) for t in self.tensors.values()]
+        self.grads = [p.grad for p in self.params]
+        self.rng = torch.get_rng_state()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        with torch.no_grad():
+            for t, c in self.copies:
+                t.copy_(c)
+        for p, g in zip(self.params, self.grads, strict=True):
+            p.grad = g
+        torch.set_rng_state(self.rng)
+
+
+def _record_inputs(workload: Workload) -> list[Any]:
+    """Each segment's input (described) in one no-grad forward; state restored after."""
+    seen: list[Any] = []
+    with _Kept(workload.segments, workload.state), torch.no_grad():
+        h = workload.make_input()
+        for seg in workload.segments:
+            seen.append(_describe_value(h))
+            h = seg(h)
+    return seen
+
+
+def machine_info(device: str = "cpu") -> dict[str, Any]:
+    """The machine a calibration ran on (written into every costs file).
+
+    Args:
+        device: ``"cpu"`` or ``"cuda"``.
+
+    Returns:
+        ``{"torch", "python", "platform", "cpu", "cpus", "threads", "device"}``
+        and ``"gpu"`` on CUDA.
+    """
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    out: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cpus": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "device": device,
+    }
+    if device == "cuda" and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name()
+    return out
+
+
+def _first_difference(want: Mapping[str, Any], have: Mapping[str, Any]) -> str:
+    if want.get("class") != have.get("class"):
+        return f"it is a {want.get('class')} in the costs, a {have.get('class')} here"
+    for kind in ("parameters", "buffers"):
+        a = {n: (s, d) for n, s, d in want.get(kind, [])}
+        b = {n: (s, d) for n, s, d in have.get(kind, [])}
+        for n in [*a, *(n for n in b if n not in a)]:  # registration order
+            if n not in b:
+                return f"{kind[:-1]} {n!r} is in the costs, not here"
+            if n not in a:
+                return f"{kind[:-1]} {n!r} is here, not in the costs"
+            if a[n] != b[n]:
+                return (
+                    f"{kind[:-1]} {n!r} is {a[n][1]} {tuple(a[n][0])} in the costs, "
+                    f"{b[n][1]} {tuple(b[n][0])} here"
+                )
+    return "their structure differs"
+
+
+_RECALIBRATE = (
+    "Calibrate the model you run: tr.calibrate_model(segments, example_input, state=..., "
+    "out='costs.json'), `python -m torch_replay.calibrate --model pkg.module:factory "
+    "--out costs.json`, or PlannedSequential(..., costs='auto')."
+)
+
+
+def check_costs(doc: Mapping[str, Any], segments: Any, *, source: str = "the costs") -> None:
+    """Check that a costs document was calibrated on ``segments``, on this machine.
+
+    Args:
+        doc: a costs document (:data:`SCHEMA`) with a ``model`` section.
+        segments: the segments that will run (modules or an ``nn.Sequential``).
+        source: how to name the costs in messages (a file name).
+
+    Raises:
+        CostsMismatchError: another number of segments, or a segment whose
+            class, parameter or buffer names, shapes or dtypes differ.
+
+    Warns:
+        UserWarning: the costs carry no fingerprint (written before it
+            existed: nothing can be checked), or were measured with another
+            torch version or on another CPU or GPU (costs may be stale).
+    """
+    import warnings
+
+    from .errors import CostsMismatchError
+
+    mods = list(segments.children() if isinstance(segments, torch.nn.Sequential) else segments)
+    entry = doc.get("model") or {}
+    n_costs = len(entry.get("segments") or [])
+    what = entry.get("description") or entry.get("factory") or "another model"
+    if n_costs != len(mods):
+        raise CostsMismatchError(
+            f"{source} describe {n_costs} segments ({what}); this model has {len(mods)}: "
+            f"the costs belong to another model. {_RECALIBRATE}"
+        )
+    fp = entry.get("fingerprint")
+    if not fp:
+        warnings.warn(
+            f"{source} carry no model fingerprint (written by an older torch_replay), so "
+            "they cannot be checked against this model; recalibrate to get one",
+            stacklevel=3,
+        )
+        return
+    have = model_fingerprint(mods)
+    if fp.get("digest") != have["digest"]:
+        for i, (want, got) in enumerate(zip(fp["segments"], have["segments"], strict=True)):
+            want_s = {k: want.get(k) for k in ("class", "parameters", "buffers")}
+            got_s = {k: got.get(k) for k in ("class", "parameters", "buffers")}
+            if want_s != got_s:
+                raise CostsMismatchError(
+                    f"{source} were calibrated on another model ({what}): segment {i}"
+                    + (f" ({want['name']})" if want.get("name", str(i)) != str(i) else "")
+                    + f" differs: {_first_difference(want, got)}. "
+                    f"{_RECALIBRATE}"
+                )
+    machine = doc.get("machine") or {}
+    here = machine_info(machine.get("device", "cpu"))
+    stale = [
+        f"{k} {machine[k]!r} there, {here.get(k)!r} here"
+        for k in ("torch", "cpu", "gpu")
+        if k in machine and machine[k] != here.get(k)
+    ]
+    if stale:
+        warnings.warn(
+            f"{source} were measured elsewhere ({'; '.join(stale)}): the plan follows those "
+            "times and bytes; recalibrate on this machine for a plan that fits it",
+            stacklevel=3,
+        )
+
+
+# ------------------------------------------------------------ your own model
+
+
+def _as_workload(made: Any, where: str) -> Workload:
+    if isinstance(made, Workload) or (
+        type(made).__name__ == "Workload" and hasattr(made, "make_input")
+    ):
+        return made
+    if isinstance(made, Mapping):
+        made = dict(made)
+        try:
+            segs, x = made.pop("segments"), made.pop("example_input")
+        except KeyError as e:
+            raise ConfigError(f"{where} returned a dict without {e.args[0]!r}") from None
+        return workload_from(segs, x, **made)
+    if isinstance(made, tuple) and len(made) in (2, 3):
+        return workload_from(*made)
+    raise ConfigError(
+        f"{where} must return a torch_replay.calibrate.Workload, a tuple (segments, "
+        f"example_input) or (segments, example_input, state), or a dict with keys "
+        f"'segments', 'example_input' (and optionally 'state', 'loss_fn'); got "
+        f"{type(made).__name__}"
+    )
+
+
+def workload_from(
+    segments: Any,
+    example_input: Any,
+    state: Any = None,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    description: str = "",
+) -> Workload:
+    """A :class:`Workload` from your segments and one example input.
+
+    Args:
+        segments: an ``nn.Sequential`` or a list of modules, in program order.
+        example_input: the first segment's input (a tensor: a detached clone
+            is passed at every step, requiring grad when it is floating
+            point), or a callable returning a fresh input.
+        state: the declared state (tensors, modules, generators), as for
+            :class:`~torch_replay.PlannedSequential`.
+        loss_fn: maps the last output to a scalar loss (default: mean of squares).
+        description: one line for reports (default: the segment classes).
+
+    Returns:
+        The :class:`Workload`.
+    """
+    mods = list(segments.children() if isinstance(segments, torch.nn.Sequential) else segments)
+    if callable(example_input) and not isinstance(example_input, torch.Tensor):
+        make_input = example_input
+    elif isinstance(example_input, torch.Tensor):
+        x0 = example_input.detach().clone()
+
+        def make_input() -> torch.Tensor:
+            x = x0.clone()
+            return x.requires_grad_(True) if x.is_floating_point() else x
+
+    else:
+        raise TypeError(
+            "example_input must be a tensor or a callable returning the first segment's "
+            f"input, got {type(example_input).__name__}"
+        )
+    if not description:
+        kinds = [type(m).__name__ for m in mods]
+        description = f"{len(mods)} segments: " + ", ".join(_cut(kinds, 6))
+    return Workload(
+        segments=mods,
+        state=list(state) if state is not None else [],
+        make_input=make_input,
+        loss_fn=loss_fn,
+        description=description,
+    )
+
+
+def _cut(items: Sequence[str], limit: int) -> list[str]:
+    items = list(items)
+    if len(items) <= limit:
+        return items
+    return items[:limit] + [f"… ({len(items) - limit} more, {len(items)} in all)"]
+
+
+def calibrate_model(
+    segments: Any,
+    example_input: Any = None,
+    *,
+    state: Any = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    options: Sequence[str] | None = None,
+    reps: int = 3,
+    warmup: int = 1,
+    quick: bool = False,
+    device: str | None = None,
+    progress: bool = True,
+    out: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """Measure the options of each segment of **your** model; return (and write) its costs.
+
+    Every option of ``options`` runs one training step per repetition on the
+    whole sequence (forward, ``loss_fn``, backward); ``guard`` is tried one
+    segment at a time where the snapshot run saw no write to declared state.
+    Buffers, declared state, gradients and torch's CPU generator are restored
+    afterwards. The costs carry the model's fingerprint (segment names,
+    classes, parameter and buffer shapes and dtypes, each segment's input
+    shape and dtype) and the machine (torch version, CPU, GPU), which
+    :class:`~torch_replay.PlannedSequential` checks.
+
+    Args:
+        segments: an ``nn.Sequential`` or a list of modules, or a
+            :class:`Workload` (then ``example_input``, ``state`` and
+            ``loss_fn`` come from it).
+        example_input: the first segment's input (tensor or callable).
+        state: the declared state, as for ``PlannedSequential``.
+        loss_fn: maps the last output to a scalar (default: mean of squares).
+            Put there what your training step does between forward and
+            backward (an in-place queue update), so the options are measured
+            and refused as your step would run them.
+        options: option names (default: all five).
+        reps: timed steps per option (median kept).
+        warmup: untimed steps before them.
+        quick: the small run: one timed step, no warm-up (noisier times,
+            the same byte counts).
+        device: ``"cpu"`` or ``"cuda"`` (default: where the first parameter lives).
+        progress: draw a progress bar on stderr.
+        out: also write the costs JSON there.
+
+    Returns:
+        The costs document (:data:`SCHEMA`); give it, or the file, to
+        ``PlannedSequential(costs=...)``.
+
+    Raises:
+        ConfigError: an unknown option name or a bad count.
+    """
+    if isinstance(segments, Workload):
+        w = segments
+    else:
+        if example_input is None:
+            raise TypeError("calibrate_model needs example_input (the first segment's input)")
+        w = workload_from(segments, example_input, state, loss_fn=loss_fn)
+    opts = list(options) if options is not None else list(OPTION_NAMES)
+    for o in opts:
+        if o not in OPTION_NAMES:
+            raise ConfigError(f"unknown option {o!r}; options are {OPTION_NAMES}")
+    if "eager" not in opts:
+        raise ConfigError("options must include 'eager' (the planner needs a valid option)")
+    if quick:
+        reps, warmup = 1, 0
+    if reps < 1 or warmup < 0:
+        raise ConfigError("reps must be >= 1 and warmup >= 0")
+    if device is None:
+        device = "cpu"
+        for m in w.segments:
+            if isinstance(m, torch.nn.Module):
+                p = next(m.parameters(), None)
+                if p is not None:
+                    device = p.device.type
+                    break
+    bar = _Progress(measurement_count(opts, len(w.segments)), progress)
+    with _Kept(w.segments, w.state):
+        res = measure_segments(
+            w, opts, reps=reps, warmup=warmup, device=device, progress=bar.update
+        )
+    doc = {
+        "schema": SCHEMA,
+        "config": {"options": opts, "reps": reps, "warmup": warmup, "device": device},
+        "machine": machine_info(device),
+        "time_unit": "s",
+        "grid": [],
+        "model": {"factory": None, "kwargs": {}, "description": w.description, **res},
+    }
+    if out is not None:
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
 # ------------------------------------------------------------------ progress
 
 
@@ -870,15 +1325,7 @@ class _Progress:
 
 
 def _machine(cfg: CalibrationConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "torch": torch.__version__,
-        "cpus": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-        "device": cfg.device,
-    }
-    if cfg.device == "cuda" and torch.cuda.is_available():
-        out["gpu"] = torch.cuda.get_device_name()
-    return out
+    return machine_info(cfg.device)
 
 
 def _child_shape(config_path: str, index: int) -> dict[str, Any]:
@@ -924,24 +1371,35 @@ def calibrate(
     if isolate and path is None:
         isolate = False
     shapes = cfg.shapes()
-    bar = _Progress(len(shapes) + (cfg.model is not None), progress)
+    w = None
+    if cfg.model is not None:
+        fn = _resolve_factory(cfg.model.factory)
+        torch.manual_seed(cfg.seed)
+        made = _call_factory(fn, cfg.model.kwargs, cfg.device)
+        w = _check_device(_as_workload(made, f"model.factory {cfg.model.factory!r}"), cfg.device)
+    model_steps = measurement_count(cfg.options, len(w.segments)) if w is not None else 0
+    bar = _Progress(len(shapes) + model_steps, progress)
     grid = []
     for k, s in enumerate(shapes):
         grid.append(_child_shape(path, k) if isolate else _measure_shape(cfg, k))
         bar.update(s.label())
     model = None
-    if cfg.model is not None:
-        fn = _resolve_factory(cfg.model.factory)
-        torch.manual_seed(cfg.seed)
-        w = _check_device(_call_factory(fn, cfg.model.kwargs, cfg.device), cfg.device)
-        res = measure_segments(w, cfg.options, reps=cfg.reps, warmup=cfg.warmup, device=cfg.device)
+    if cfg.model is not None and w is not None:
+        with _Kept(w.segments, w.state):
+            res = measure_segments(
+                w,
+                cfg.options,
+                reps=cfg.reps,
+                warmup=cfg.warmup,
+                device=cfg.device,
+                progress=lambda label: bar.update("model " + label),
+            )
         model = {
             "factory": cfg.model.factory,
             "kwargs": cfg.model.kwargs,
             "description": w.description,
             **res,
         }
-        bar.update("model " + cfg.model.factory.split(":")[-1])
     return {
         "schema": SCHEMA,
         "config": dataclasses.asdict(cfg),
@@ -1124,6 +1582,36 @@ def dry_run(cfg: CalibrationConfig) -> str:
     return "\n".join(lines)
 
 
+_DESCRIPTION = """\
+Measure, for each segment of a model, what each option costs (bytes held from
+forward to backward, bytes held only during its backward, time), and write the
+costs JSON that tr.PlannedSequential(costs=...) plans from.
+
+Your own model (the usual case):
+  python -m torch_replay.calibrate --model mymodel:make --out costs.json
+  python -m torch_replay.calibrate --model mymodel:make --quick --out costs.json
+
+  mymodel.py (found from the current directory) defines make(), returning
+  (segments, example_input) or (segments, example_input, state): segments an
+  nn.Sequential or a list of modules, example_input the first segment's input,
+  state what PlannedSequential(state=...) will declare. It may also return a
+  dict with keys segments, example_input, state, loss_fn. The costs carry the
+  model's fingerprint (segment classes, parameter/buffer shapes and dtypes,
+  input shapes, torch version, machine); PlannedSequential refuses costs of
+  another model (CostsMismatchError).
+
+  Each option runs (warmup + reps + 1) training steps of the whole model;
+  guard runs them once per segment. --quick runs one timed step per option.
+
+A config (the shape grid and a built-in workload, as the benchmarks use):
+  python -m torch_replay.calibrate --config configs/cpu.yaml --dry-run
+  python -m torch_replay.calibrate --config configs/cpu.yaml --reduced --out costs_cpu.json
+
+  configs/cpu.yaml's full grid (24 shapes, one process each) takes tens of
+  minutes on a small CPU; --reduced keeps 4 corner shapes and 2 timed steps.
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line entry point (``python -m torch_replay.calibrate -h``).
 
@@ -1135,21 +1623,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     p = argparse.ArgumentParser(
         prog="python -m torch_replay.calibrate",
-        description="Measure retained/transient bytes and time per option (see module docstring).",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--config", required=True, help="YAML (or JSON) config, e.g. configs/cpu.yaml")
-    p.add_argument("--out", help="where to write the costs JSON")
-    p.add_argument("--plot", help="PNG of time and memory per option vs write ratio")
-    p.add_argument("--summary", help="markdown table of the grid")
-    p.add_argument("--dry-run", action="store_true", help="validate and print the plan")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument(
+        "--model",
+        metavar="PKG.MODULE:FACTORY",
+        help="your model: a factory returning (segments, example_input[, state])",
+    )
+    src.add_argument("--config", help="a YAML (or JSON) config, e.g. configs/cpu.yaml")
+    p.add_argument("--kwargs", default="{}", help="JSON keyword arguments of --model's factory")
+    p.add_argument(
+        "--options",
+        default=",".join(OPTION_NAMES),
+        help="with --model: comma-separated options to measure (default: all five)",
+    )
+    p.add_argument("--reps", type=int, default=3, help="with --model: timed steps per option")
+    p.add_argument("--warmup", type=int, default=1, help="with --model: untimed steps first")
+    p.add_argument(
+        "--device", default=None, help="with --model: cpu or cuda (default: the model's)"
+    )
+    p.add_argument("--out", help="where to write the costs JSON (required unless --dry-run)")
+    p.add_argument("--plot", help="with --config: PNG of time and memory per option")
+    p.add_argument("--summary", help="with --config: markdown table of the grid")
+    p.add_argument(
+        "--dry-run", action="store_true", help="validate and print the plan; run nothing"
+    )
     p.add_argument(
         "--reduced",
+        "--quick",
         action="store_true",
-        help="short run: smallest buffer, extreme write ratios and live versions, 2 steps",
+        help="the small run: with --model one timed step per option and no warm-up; with "
+        "--config the smallest buffer, extreme write ratios and live versions, 2 steps",
     )
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--_shape", type=int, default=None, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.model is not None:
+        return _main_model(p, a)
     try:
         cfg = load_config(a.config)
     except ConfigError as e:
@@ -1190,5 +1702,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _main_model(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    if ":" not in a.model:
+        p.error(f"--model must be 'pkg.module:factory', got {a.model!r}")
+    try:
+        kwargs = json.loads(a.kwargs)
+    except json.JSONDecodeError as e:
+        p.error(f"--kwargs is not JSON: {e}")
+    options = [o.strip() for o in a.options.split(",") if o.strip()]
+    try:
+        fn = _resolve_factory(a.model)
+        w = _as_workload(fn(**kwargs), f"--model {a.model}")
+        if a.dry_run:
+            reps, warmup = (1, 0) if a.reduced else (a.reps, a.warmup)
+            count = measurement_count(options, len(w.segments))
+            print(f"model {a.model}: {w.description}")
+            print(
+                f"{count} measurements ({', '.join(options)}), each {warmup + reps + 1} "
+                "training steps of the whole model"
+            )
+            return 0
+        if not a.out:
+            p.error("--out is required (unless --dry-run)")
+        doc = calibrate_model(
+            w,
+            options=options,
+            reps=a.reps,
+            warmup=a.warmup,
+            quick=a.reduced,
+            device=a.device,
+            progress=not a.no_progress,
+        )
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    doc["model"]["factory"] = a.model
+    doc["model"]["kwargs"] = kwargs
+    Path(a.out).write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"wrote {a.out}: {doc['model']['description']}")
+    print(costs_table(doc))
+    return 0
+
+
+def costs_table(doc: Mapping[str, Any]) -> str:
+    """The model section of a costs document as a short text table.
+
+    Args:
+        doc: a costs document with a ``model`` section.
+
+    Returns:
+        One row per segment and valid option: retained and transient MiB, time.
+    """
+    entry = doc.get("model") or {}
+    fp = entry.get("fingerprint") or {}
+    names = [s.get("name", str(i)) for i, s in enumerate(fp.get("segments", []))]
+    rows = [
+        f"{'segment':<12} {'option':<9} {'retained MiB':>13} {'transient MiB':>14} {'time s':>9}"
+    ]
+    for i, seg in enumerate(entry.get("segments") or []):
+        label = names[i] if i < len(names) else str(i)
+        for o in seg:
+            rows.append(
+                f"{label:<12} {o['name']:<9} {o['retained'] / _MIB:>13.2f} "
+                f"{o['transient'] / _MIB:>14.2f} {o['time']:>9.4f}"
+            )
+            label = ""
+    rows.append(
+        f"persistent (parameters, buffers, state, gradients): {entry.get('persistent', 0) / _MIB:.2f} MiB"
+    )
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run the CLI from the imported module, not from ``__main__``, so that the factories'
+    # Workload (torch_replay.calibrate.Workload) is the class this code checks for.
+    from torch_replay.calibrate import main as _main
+
+    raise SystemExit(_main())

@@ -43,7 +43,14 @@ __all__ = [
     "last_transaction",
 ]
 
-ENGINES = ("auto", "snapshot", "journal", "readset", "guard")
+from ._ext import C as _C_ext  # noqa: E402
+
+# The engine names, defined once in C++ (csrc/core/preservation_engine.cpp).
+ENGINES: tuple[str, ...] = (
+    tuple(_C_ext.engine_names())
+    if _C_ext is not None
+    else ("auto", "snapshot", "journal", "readset", "guard")  # unbuilt: for the error only
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,7 +63,15 @@ class ReplayConfig:
     read (parameters, buffers, inputs, captured tensors), plus what it saved for
     backward; one weak reference and one integer per tensor. ``"saved"``: only the
     tensors the forward saved for backward (what eager autograd checks).
-    ``use_reentrant=True`` always uses ``"reads"``, since its forward saves nothing."""
+    ``use_reentrant=True`` always uses ``"reads"``, since its forward saves nothing.
+    ``"preserve"``: instead of checking, preserve every such tensor the segment
+    read: a later in-place write to it (outside segments too) first journals the
+    old bytes of what it overwrites, so the re-run sees the forward's values
+    without ``state=`` (copy-on-write, as ``engine="journal"`` for declared
+    state). Writes that bypass the dispatcher (the memory of ``.numpy()``, raw
+    pointers) are still detected, by hashes, and raise ``StateMutationError``.
+    While such a segment waits for its backward, every operator of the process
+    pays the write watch (benchmarks/results/observer.md gives its cost)."""
 
     observer: str = os.environ.get("TORCH_REPLAY_OBSERVER", "c++")
     """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
@@ -72,6 +87,7 @@ class ReplayConfig:
 
 
 config = ReplayConfig()
+_DETECT_LEVELS = ("saved", "reads", "preserve")
 _last_txn: weakref.ReferenceType | None = None
 
 
@@ -253,7 +269,16 @@ def _observer(txn, gate=None):
 def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, last=True):
     C = require_extension()
     tensors, names, gens, gen_names = _collect_state(state, function)
-    txn = C.Transaction(engine, tensors, names, gens, gen_names, preserve_rng_state, watch_reads)
+    txn = C.Transaction(
+        engine,
+        tensors,
+        names,
+        gens,
+        gen_names,
+        preserve_rng_state,
+        watch_reads,
+        preserve_reads=config.detect == "preserve" and config.observe,
+    )
     if last:
         global _last_txn
         _last_txn = weakref.ref(txn)
@@ -796,12 +821,16 @@ def checkpoint(
 
             ``engine`` (or ``replay_engine``): how declared state is preserved:
             ``"snapshot"`` (copy every declared storage at the start), ``"journal"``
-            (old bytes of each destructive write in a shared log; every write to the
-            state until backward must happen inside torch_replay segments),
+            (copy-on-write: the old bytes of every later write to the declared
+            storages, inside or outside segments, in one shared log),
             ``"readset"`` (the bytes the segment touches, saved at first touch),
             ``"guard"`` (keep nothing, prove by hashes that nothing changed or raise) or
-            ``"auto"`` (default: guard if the segment touched no declared state,
-            otherwise read-set).
+            ``"auto"`` (default: the journal if the segment touches declared state,
+            so state it only reads costs nothing unless something writes it before
+            backward; otherwise the guard). The journal and ``auto`` cannot undo a
+            write that bypasses the dispatcher (the memory of ``.numpy()``, a raw
+            pointer): the re-run then raises ``StateMutationError`` saying so;
+            ``"readset"`` and ``"snapshot"`` copy instead and survive such writes.
 
             If ``function`` itself takes a parameter named ``state`` or ``engine``,
             that keyword goes to ``function`` and torch_replay's option must be spelled
@@ -856,9 +885,9 @@ def checkpoint(
         metadata_fn = None
     else:
         metadata_fn = _metadata_fn(determinism_check)
-    if config.detect not in ("saved", "reads"):
+    if config.detect not in _DETECT_LEVELS:
         raise ValueError(
-            f"torch_replay.config.detect must be 'saved' or 'reads', got {config.detect!r}"
+            f"torch_replay.config.detect must be one of {_DETECT_LEVELS}, got {config.detect!r}"
         )
     if config.observer not in ("c++", "python"):
         raise ValueError(

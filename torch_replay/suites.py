@@ -1,16 +1,20 @@
-"""Replay contract suites: evidence for SPEC sections 2.1, 2.2 and 2.4 that anyone can rerun.
+"""Replay contract suites: generated programs that check the replay contract, rerunnable by anyone.
 
 ::
 
     python -m torch_replay.suites {numeric,bytes,engines,complex-step,alias-stress,cohort,all}
-        [--seed S] [--programs N] [--out DIR]
+        [--quick] [--seed S] [--programs N] [--out DIR]
 
-Each suite prints a progress bar and writes ``DIR/suites_<suite>.json`` (every measured
-figure and its target) and ``DIR/suites.md`` (one table per suite run). The default sizes are
-the source's (SPEC 2.4). The reference suites (numeric, bytes, engines, complex-step,
-alias-stress) run the torch-free interpreter of ``csrc/core/replay_contract.h``
-(Note [Replay contract]); the cohort lowers generated programs to real torch modules and runs
-them eagerly, under ``torch.utils.checkpoint`` and under ``torch_replay.checkpoint``.
+Each suite prints a progress bar and a line per target (measured figure and target). With
+``--out DIR`` it also writes ``DIR/suites_<suite>.json`` (every measured figure and its target)
+and ``DIR/suites.md`` (one table per suite run); without ``--out`` nothing is written.
+The default sizes (1,024 programs for numeric and bytes, 1,200 for engines, 96 for
+complex-step, 50 for alias-stress and the cohort) take several minutes each on a small CPU;
+``--quick`` runs a few programs per suite (:data:`QUICK_SIZES`; a minute or two, most of it
+the cohort). The reference suites (numeric,
+bytes, engines, complex-step, alias-stress) run the torch-free interpreter of the C++ core's
+replay contract; the cohort lowers generated programs to real torch modules and runs them
+eagerly, under ``torch.utils.checkpoint`` and under ``torch_replay.checkpoint``.
 """
 
 from __future__ import annotations
@@ -52,6 +56,15 @@ DEFAULT_SIZES = {
     "alias-stress": 50,
     "cohort": 50,
 }
+QUICK_SIZES = {
+    "numeric": 64,
+    "bytes": 64,
+    "engines": 64,
+    "complex-step": 8,
+    "alias-stress": 4,
+    "cohort": 2,
+}
+"""Sizes of ``--quick`` (the small run)."""
 DEFAULT_SEEDS = {"cohort": 420000}
 REFERENCE_ENGINES = ("eager", "snapshot", "journal", "readset", "guard")
 
@@ -1331,7 +1344,7 @@ def run_suite(
     Args:
         name: one of :data:`SUITES`.
         seed: first seed (default: 0, the cohort 420000).
-        programs: size (default: the source's, SPEC 2.4).
+        programs: size (default: :data:`DEFAULT_SIZES`).
         quiet: no progress bar.
 
     Returns:
@@ -1405,32 +1418,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("suite", choices=[*SUITES, "all"])
     ap.add_argument("--seed", type=int, default=None, help="first seed (default per suite)")
     ap.add_argument(
-        "--programs", type=int, default=None, help="size (default: the source's, per suite)"
+        "--programs",
+        type=int,
+        default=None,
+        help="programs per suite (default: "
+        + ", ".join(f"{k} {v}" for k, v in DEFAULT_SIZES.items())
+        + ")",
     )
-    ap.add_argument("--out", default="suites_out", help="output directory")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the small run: " + ", ".join(f"{k} {v}" for k, v in QUICK_SIZES.items()),
+    )
+    ap.add_argument(
+        "--out", default=None, help="directory to write suites.md and suites_<suite>.json into"
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress bar")
     args = ap.parse_args(argv)
     names = list(SUITES) if args.suite == "all" else [args.suite]
-    os.makedirs(args.out, exist_ok=True)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
     command = "python -m torch_replay.suites " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     results = []
     for name in names:
-        r = run_suite(name, seed=args.seed, programs=args.programs, quiet=args.quiet)
+        programs = args.programs
+        if programs is None and args.quick:
+            programs = QUICK_SIZES[name]
+        r = run_suite(name, seed=args.seed, programs=programs, quiet=args.quiet)
         results.append(r)
-        with open(os.path.join(args.out, f"suites_{name}.json"), "w") as f:
-            # The cohort's records are many: one line each keeps the file small.
-            json.dump(
-                {"command": command, **r.to_dict()}, f, indent=None if r.records else 1, default=str
-            )
+        print(f"{name}: {r.seconds:.1f} s")
+        if args.out:
+            with open(os.path.join(args.out, f"suites_{name}.json"), "w") as f:
+                # The cohort's records are many: one line each keeps the file small.
+                json.dump(
+                    {"command": command, **r.to_dict()},
+                    f,
+                    indent=None if r.records else 1,
+                    default=str,
+                )
         for t in r.targets:
             print(
                 f"[{'ok' if t['passed'] else 'FAIL'}] {name}: {t['name']}: {t['measured']} "
                 f"(target {t['target']})"
             )
-    with open(os.path.join(args.out, "suites.md"), "w") as f:
-        f.write(_markdown(results, command))
+    if args.out:
+        with open(os.path.join(args.out, "suites.md"), "w") as f:
+            f.write(_markdown(results, command))
+        print(f"wrote {os.path.join(args.out, 'suites.md')}")
     return 0 if all(r.passed for r in results) else 1
 
 
