@@ -135,7 +135,7 @@ def test_fsdp2_twenty_steps_bitwise_against_torch_checkpoint(inside):
 class _QueueHead(torch.nn.Module):
     """A MoCo-style head: logits against a queue of negatives kept as a buffer."""
 
-    def __init__(self, inside: bool = False):
+    def __init__(self, inside: str | None = None):
         super().__init__()
         self.proj = torch.nn.Linear(16, 16)
         self.register_buffer("queue", torch.nn.functional.normalize(torch.randn(32, 16), dim=1))
@@ -146,8 +146,10 @@ class _QueueHead(torch.nn.Module):
         return q @ self.queue.t() / 0.1
 
     def forward(self, q):
-        if self.inside:
+        if self.inside == "queue":
             return tr.checkpoint(self.logits, q, use_reentrant=False, state=[self.queue])
+        if self.inside == "module":  # inside forward, FSDP has unsharded the parameters
+            return tr.checkpoint(self.logits, q, use_reentrant=False, state=[self])
         return self.logits(q)
 
 
@@ -155,9 +157,9 @@ def _moco_job(rank):
     from torch.distributed.fsdp import fully_shard
 
     out = {}
-    for mode in ("eager", "tr-around", "tr-inside"):
+    for mode in ("eager", "tr-around", "tr-inside-queue", "tr-inside-module"):
         torch.manual_seed(0)
-        head = _QueueHead(inside=mode == "tr-inside")
+        head = _QueueHead(inside=mode[len("tr-inside-") :] if "inside" in mode else None)
         fully_shard(head)
         opt = torch.optim.SGD(head.parameters(), lr=0.05)
         gen = torch.Generator().manual_seed(7 + rank)
@@ -189,7 +191,7 @@ def _moco_job(rank):
 
 def test_fsdp2_moco_queue_declared_state_gives_eager_gradient():
     for res in _spawn(_moco_job):
-        for mode in ("tr-around", "tr-inside"):
+        for mode in ("tr-around", "tr-inside-queue", "tr-inside-module"):
             for a, b in zip(res["eager"], res[mode], strict=True):
                 for x, y in zip(a, b, strict=True):
                     assert torch.equal(x, y), (mode, (x - y).abs().max())
