@@ -161,6 +161,27 @@ def test_hidden_buffer_under_compile_declared_is_eager_undeclared_refused():
                 loss.backward()
 
 
+def test_hidden_buffer_under_compile_detect_preserve_is_eager(monkeypatch):
+    """tr.config.detect = "preserve": a module segment's buffers are kept as if declared."""
+    monkeypatch.setattr(tr.config, "detect", "preserve")
+    x0 = torch.randn(4, 16)
+    ref = _Stack(declare=False)
+    x_ref = x0.clone().requires_grad_(True)
+    h = x_ref
+    for b in ref.blocks:
+        h = b(h)
+    h.sum().backward()
+    torch._dynamo.reset()
+    model = _Stack(declare=False)
+    x = x0.clone().requires_grad_(True)
+    loss = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
+    with torch.no_grad():
+        for b in model.blocks:
+            b.shift.add_(1.0)
+    loss.backward()
+    torch.testing.assert_close(x.grad, x_ref.grad)
+
+
 def test_random_ops_replayed_under_memory_budget():
     """torch issue #190758: under activation_memory_budget < 1 Inductor's
     partitioner may redraw dropout in backward. The reference gradient is derived

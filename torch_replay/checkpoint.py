@@ -71,7 +71,10 @@ class ReplayConfig:
     state). Writes that bypass the dispatcher (the memory of ``.numpy()``, raw
     pointers) are still detected, by hashes, and raise ``StateMutationError``.
     While such a segment waits for its backward, every operator of the process
-    pays the write watch (benchmarks/results/observer.md gives its cost)."""
+    pays the write watch (benchmarks/results/observer.md gives its cost).
+    Inside ``torch.compile``, ``"preserve"`` treats a module segment's buffers as
+    declared (Note [Checkpoint under torch.compile] in compiled.py); the other
+    levels leave undeclared tensors to autograd's version check there."""
 
     observer: str = os.environ.get("TORCH_REPLAY_OBSERVER", "c++")
     """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
@@ -855,6 +858,9 @@ def checkpoint(
         state, engine = _replay_options(function, kwargs)
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        root = _module_of(function)
+        if state is None and config.detect == "preserve" and root is not None:
+            state = [root]  # preserve what it reads, undeclared: its buffers, as declared
         return checkpoint_compiled(
             function,
             args,

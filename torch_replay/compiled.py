@@ -29,8 +29,11 @@ What the replay contract becomes there:
 * Undeclared state, and declared tensors that require grad (parameters), are
   saved by AOTAutograd as graph inputs; an in-place change before backward is
   refused by autograd's version-counter check (torch's "modified by an inplace
-  operation" error): never silently wrong, as in eager (writes through ``.data``
-  or ``set_`` bypass version counters there too: declare such state).
+  operation" error, raised inside the compiled backward, where no torch_replay
+  class can be substituted): never silently wrong, as in eager (writes through
+  ``.data`` or ``set_`` bypass version counters there too: declare such state).
+  With ``tr.config.detect = "preserve"`` a module segment's buffers are treated
+  as declared, so such a change gives eager's gradient instead.
 * Random numbers: with ``torch._functorch.config.activation_memory_budget`` < 1
   the partitioner may move random ops into the backward graph, where they draw
   fresh numbers (torch issue #190758). Under such a budget the region is given a
