@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import sys
 import uuid
 import warnings
 import weakref
@@ -30,7 +31,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import fsdp as _fsdp
 from ._ext import require_extension
 from ._observe import DispatchModeObserver, Observer, new_gate
-from .compiled import checkpoint_compiled
+from .compiled import checkpoint_compiled, constant_under_compile
 from .errors import ReplayError, UnsupportedReplayError
 
 __all__ = [
@@ -360,7 +361,7 @@ def _in_graph_exec_group() -> bool:
 _OPTIONS = (("state", "replay_state", None), ("engine", "replay_engine", "auto"))
 
 
-@torch._dynamo.assume_constant_result
+@constant_under_compile
 def _takes_keyword(function, name: str) -> bool | None:
     """True if ``function`` has a parameter ``name`` that can be passed by
     keyword, False if it certainly does not, None if it cannot tell."""
@@ -904,7 +905,8 @@ def checkpoint(
         # Nothing will be differentiated: run plainly (as torch does).
         _collect_state(state, function)  # still refuse malformed state
         return function(*args, **kwargs)
-    if isinstance(function, torch._dynamo.eval_frame.OptimizedModule):
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # loaded once anything compiled
+    if eval_frame is not None and isinstance(function, eval_frame.OptimizedModule):
         # A compiled block: its kernels write memory the observer cannot see (and
         # Inductor allocates buffers outside the dispatcher). Compile the segment
         # instead, with the block's own compile settings, so it becomes Dynamo's

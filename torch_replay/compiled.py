@@ -56,7 +56,7 @@ from torch.nn.utils.stateless import _reparametrize_module
 
 from .errors import UnsupportedReplayError
 
-__all__ = ["checkpoint_compiled", "snapshot"]
+__all__ = ["checkpoint_compiled", "constant_under_compile", "snapshot"]
 
 # torch's own function, which Dynamo turns into the region: kept even if a caller
 # swaps torch.utils.checkpoint.checkpoint for torch_replay's (docs/dropin.md).
@@ -104,7 +104,15 @@ def rng_context_fn():
     return _tcp.create_selective_checkpoint_contexts(_rng_policy)
 
 
-@torch._dynamo.assume_constant_result
+def constant_under_compile(fn):
+    """Dynamo calls ``fn`` while tracing and uses its result as a constant (what
+    ``torch._dynamo.assume_constant_result`` marks), without importing Dynamo for
+    eager users."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+@constant_under_compile
 def _budget_below_one() -> bool:
     return _budget() < 1.0
 
@@ -186,11 +194,14 @@ def _reparametrized(function, root, names, nargs: int):
     return body
 
 
-@torch._dynamo.disable
-def _eager_segment(function, args, kwargs, use_reentrant, options):
+def _eager_segment_impl(function, args, kwargs, use_reentrant, options):
     from .checkpoint import checkpoint
 
     return checkpoint(function, *args, use_reentrant=use_reentrant, **options, **kwargs)
+
+
+# Dynamo never traces it (a graph break); Dynamo is imported at the first call only.
+_eager_segment = torch._disable_dynamo(_eager_segment_impl)
 
 
 _warned: set[str] = set()
