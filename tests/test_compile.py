@@ -210,6 +210,30 @@ def test_random_ops_replayed_under_memory_budget():
     torch.testing.assert_close(x.grad, x2.grad)
 
 
+def test_random_ops_under_zero_budget_refused():
+    """A budget of 0 ignores every checkpoint policy (torch issue #190758): a region
+    that draws random numbers is refused by name instead of redrawn in backward."""
+
+    def f(x):
+        return tr.checkpoint(lambda x: F.dropout(x, p=0.5), x, use_reentrant=False).sum()
+
+    torch._dynamo.reset()
+    old = functorch_config.activation_memory_budget
+    functorch_config.activation_memory_budget = 0.0
+    try:
+        with pytest.raises(Exception, match="activation_memory_budget") as info:
+            torch.compile(f, backend="aot_eager")(torch.randn(8, 8, requires_grad=True))
+    finally:
+        functorch_config.activation_memory_budget = old
+        torch._dynamo.reset()
+    chain = [info.value]
+    while chain[-1].__cause__ is not None:
+        chain.append(chain[-1].__cause__)
+    assert any(isinstance(e, tr.UnsupportedReplayError) for e in chain) or (
+        "UnsupportedReplayError" in str(info.value)
+    )
+
+
 def test_compiled_block_inside_checkpoint_is_compiled():
     block = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.GELU())
     for reentrant in (False, True):
