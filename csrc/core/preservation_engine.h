@@ -5,7 +5,7 @@
 // One class per engine, one small interface, no torch: the ATen Transaction
 // (csrc/aten/transaction.cpp) drives these classes for the segments users
 // run, and the contract interpreter's byte and engine checks
-// (csrc/core/replay_contract.cpp) drive the same classes on its byte
+// (csrc/core/contract_checks.cpp) drive the same classes on its byte
 // machine, so the `bytes` and `engines` suites test the shipped code.
 //
 //   engine    keeps, from the forward to the re-run          proves B0 by

@@ -36,6 +36,12 @@
 // region journal (undo newest first, redo to come back), read-set (the bytes
 // of the segment's footprint) and guard (keep nothing, refuse unless the
 // bytes the segment reads before writing them are still B0).
+//
+// The interpreter lives in four files: contract_program.cpp (programs and the
+// seeded generator), contract_bytes.cpp (the byte machine), contract_graph.cpp
+// (the version graph and its derivatives) and contract_checks.cpp (the checks
+// behind `python -m torch_replay.suites`; its byte and engine checks drive the
+// shipped engines of Note [Preservation engines]).
 
 #include <bitset>
 #include <complex>
