@@ -57,7 +57,7 @@ ABBREV = {"eager": "E", "snapshot": "S", "journal": "J", "readset": "R", "guard"
 
 def build(workload: str):
     spec, kwargs = WORKLOADS[workload]
-    return cal._resolve_factory(spec)(**kwargs)
+    return cal.resolve_factory(spec)(**kwargs)
 
 
 # --------------------------------------------------------------------- children
@@ -75,7 +75,7 @@ def child_run(workload: str, choices: list[str], steps: int, track: bool) -> dic
     model = PlannedSequential(w.segments, state=w.state, choices=choices)
     static = model.default_persistent()
     model.profile_step(w.make_input(), track_memory=False)  # warm-up
-    physical = cal._PhysicalPeak("cpu")
+    physical = cal.PhysicalPeak("cpu")
     physical.start()
     times = []
     for _ in range(steps):

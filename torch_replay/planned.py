@@ -531,7 +531,7 @@ class PlannedSequential(torch.nn.Module):
     def _check_input(self, x: Any) -> None:
         import warnings
 
-        from .calibrate import _describe_value
+        from .calibrate.fingerprint import _describe_value
 
         have = _describe_value(x)
         if self._expected_input != have:

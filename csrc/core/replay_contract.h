@@ -47,9 +47,20 @@
 #include <complex>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace torch_replay::contract {
+
+// Each options / result struct below is followed by fields(), its members
+// by name, once: the Python binding (csrc/python/bind_contract.cpp) reads
+// and writes them through it instead of copying field by field.
+template <typename S, typename T>
+constexpr std::pair<const char*, T S::*> field(
+    const char* name, T S::* member) {
+  return {name, member};
+}
 
 constexpr int kMaxInputs = 512;
 using InputSet = std::bitset<kMaxInputs>;
@@ -163,6 +174,22 @@ struct GeneratorOptions {
   // values give two inputs of the same program.
   uint64_t init_seed = 0;
 };
+constexpr auto fields(const GeneratorOptions*) {
+  using O = GeneratorOptions;
+  return std::make_tuple(
+      field("buffers", &O::buffers),
+      field("min_elems", &O::min_elems),
+      field("max_elems", &O::max_elems),
+      field("ops", &O::ops),
+      field("segments", &O::segments),
+      field("alias_rate", &O::alias_rate),
+      field("overlap_rate", &O::overlap_rate),
+      field("rng_rate", &O::rng_rate),
+      field("int_write_rate", &O::int_write_rate),
+      field("cross_width_aliases", &O::cross_width_aliases),
+      field("ensure_overwrite", &O::ensure_overwrite),
+      field("init_seed", &O::init_seed));
+}
 
 // Preconditions: buffers >= 1, 2 <= min_elems <= max_elems, ops >= 1,
 // 1 <= segments <= ops, rates in [0, 1]. Throws ReplayException otherwise.
@@ -304,6 +331,16 @@ struct NumericResult {
   bool control_detected = false;  // final-storage control differs
   double control_mismatch = 0.0;
 };
+constexpr auto fields(const NumericResult*) {
+  using R = NumericResult;
+  return std::make_tuple(
+      field("outputs_exact", &R::outputs_exact),
+      field("max_grad_mismatch", &R::max_grad_mismatch),
+      field("coordinates", &R::coordinates),
+      field("unsupported", &R::unsupported),
+      field("control_detected", &R::control_detected),
+      field("control_mismatch", &R::control_mismatch));
+}
 NumericResult check_numeric(const Program& program);
 
 struct BytesResult {
@@ -318,6 +355,20 @@ struct BytesResult {
   int no_restore_wrong = 0;  // control: replay from the final bytes
   int64_t storage_ops = 0;
 };
+constexpr auto fields(const BytesResult*) {
+  using R = BytesResult;
+  return std::make_tuple(
+      field("segments", &R::segments),
+      field("snapshot_ok", &R::snapshot_ok),
+      field("undo_ok", &R::undo_ok),
+      field("redo_ok", &R::redo_ok),
+      field("readset_ok", &R::readset_ok),
+      field("guard_ok", &R::guard_ok),
+      field("guard_refused", &R::guard_refused),
+      field("wrong_rng_detected", &R::wrong_rng_detected),
+      field("no_restore_wrong", &R::no_restore_wrong),
+      field("storage_ops", &R::storage_ops));
+}
 BytesResult check_bytes(const Program& program);
 
 enum class EngineKind { kEager, kSnapshot, kJournal, kReadset, kGuard, kNone };
@@ -332,6 +383,16 @@ struct EngineResult {
   bool repeat_identical = false;  // second backward gives identical grads
   int64_t retained_bytes = 0;
 };
+constexpr auto fields(const EngineResult*) {
+  using R = EngineResult;
+  return std::make_tuple(
+      field("refused", &R::refused),
+      field("max_grad_error", &R::max_grad_error),
+      field("max_diff_eager", &R::max_diff_eager),
+      field("state_restored", &R::state_restored),
+      field("repeat_identical", &R::repeat_identical),
+      field("retained_bytes", &R::retained_bytes));
+}
 // Checkpointed backward: each segment is replayed (newest first) from the
 // state its engine restores, and its nodes' values are taken from the
 // replay. kNone restores only the generator (torch.utils.checkpoint).
@@ -342,6 +403,13 @@ struct ComplexStepResult {
   int unsupported = 0;
   double max_mismatch = 0.0;
 };
+constexpr auto fields(const ComplexStepResult*) {
+  using R = ComplexStepResult;
+  return std::make_tuple(
+      field("coordinates", &R::coordinates),
+      field("unsupported", &R::unsupported),
+      field("max_mismatch", &R::max_mismatch));
+}
 ComplexStepResult check_complex_step(const Program& program);
 
 }  // namespace torch_replay::contract
