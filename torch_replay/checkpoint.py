@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import inspect
 import os
+import sys
 import uuid
 import warnings
 import weakref
@@ -28,8 +29,10 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from . import fsdp as _fsdp
 from ._ext import require_extension
 from ._observe import DispatchModeObserver, Observer, new_gate
+from .compiled import checkpoint_compiled, constant_under_compile
 from .errors import ReplayError, UnsupportedReplayError
 
 __all__ = [
@@ -70,7 +73,10 @@ class ReplayConfig:
     state). Writes that bypass the dispatcher (the memory of ``.numpy()``, raw
     pointers) are still detected, by hashes, and raise ``StateMutationError``.
     While such a segment waits for its backward, every operator of the process
-    pays the write watch (benchmarks/results/observer.md gives its cost)."""
+    pays the write watch (benchmarks/results/observer.md gives its cost).
+    Inside ``torch.compile``, ``"preserve"`` treats a module segment's buffers as
+    declared (Note [Checkpoint under torch.compile] in compiled.py); the other
+    levels leave undeclared tensors to autograd's version check there."""
 
     observer: str = os.environ.get("TORCH_REPLAY_OBSERVER", "c++")
     """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
@@ -158,16 +164,21 @@ def _collect_state(state, function):
         if isinstance(item, torch.nn.Module):
             prefix = paths.get(id(item), type(item).__name__)
             prefix = prefix or type(item).__name__
+            # FSDP2 / DTensor state is preserved by its local shard (Note [FSDP traffic]).
+            owner = _fsdp.owners(item)
             for n, b in item.named_buffers():
                 if b is not None:
-                    tensors.append(b)
-                    names.append(f"{prefix}.{n} (buffer)")
+                    local = _fsdp.local_state(b, owner)
+                    tensors.append(local)
+                    names.append(f"{prefix}.{n} (buffer{_shard_word(local, b)})")
             for n, p in item.named_parameters():
-                tensors.append(p)
-                names.append(f"{prefix}.{n} (parameter)")
+                local = _fsdp.local_state(p, owner)
+                tensors.append(local)
+                names.append(f"{prefix}.{n} (parameter{_shard_word(local, p)})")
         elif isinstance(item, torch.Tensor):
-            tensors.append(item)
-            names.append(_tensor_name(item, root) or f"state[{i}]")
+            local = _fsdp.local_state(item)
+            tensors.append(local)
+            names.append((_tensor_name(item, root) or f"state[{i}]") + _shard_word(local, item))
         elif isinstance(item, torch.Generator):
             gens.append(item)
             gen_names.append(f"state[{i}] (torch.Generator on {item.device})")
@@ -177,6 +188,10 @@ def _collect_state(state, function):
                 "nn.Modules (their buffers and parameters) and torch.Generators only"
             )
     return tensors, names, gens, gen_names
+
+
+def _shard_word(local: torch.Tensor, declared: torch.Tensor) -> str:
+    return ", local shard" if local is not declared else ""
 
 
 def _tensor_name(t: torch.Tensor, root: torch.nn.Module | None) -> str | None:
@@ -372,6 +387,7 @@ def _in_graph_exec_group() -> bool:
 _OPTIONS = (("state", "replay_state", None), ("engine", "replay_engine", "auto"))
 
 
+@constant_under_compile
 def _takes_keyword(function, name: str) -> bool | None:
     """True if ``function`` has a parameter ``name`` that can be passed by
     keyword, False if it certainly does not, None if it cannot tell."""
@@ -861,6 +877,30 @@ def checkpoint(
         OverlapError: the segment copies between overlapping views of one memory.
         TypeError, ValueError: bad arguments (nothing is run, or state is rolled back).
     """
+    if torch.compiler.is_compiling():
+        # Inside torch.compile: Dynamo's checkpoint region (Note [Checkpoint under
+        # torch.compile] in compiled.py), not the eager transaction. As torch there,
+        # an omitted use_reentrant is not warned about.
+        preserve = kwargs.pop("preserve_rng_state", True)
+        state, engine = _replay_options(function, kwargs)
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        root = _module_of(function)
+        if state is None and config.detect == "preserve" and root is not None:
+            state = [root]  # preserve what it reads, undeclared: its buffers, as declared
+        return checkpoint_compiled(
+            function,
+            args,
+            kwargs,
+            use_reentrant=use_reentrant,
+            context_fn=context_fn,
+            determinism_check=determinism_check,
+            debug=debug,
+            early_stop=early_stop,
+            preserve=preserve,
+            state=state,
+            engine=engine,
+        )
     if use_reentrant is None:
         warnings.warn(_USE_REENTRANT_WARNING, stacklevel=2)
         use_reentrant = True
@@ -886,10 +926,36 @@ def checkpoint(
         raise ValueError(
             f"torch_replay.config.observer must be 'c++' or 'python', got {config.observer!r}"
         )
+    _fsdp.install()  # FSDP2's unshard/reshard is not the segment's (Note [FSDP traffic])
     if not torch.is_grad_enabled():
         # Nothing will be differentiated: run plainly (as torch does).
         _collect_state(state, function)  # still refuse malformed state
         return function(*args, **kwargs)
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # loaded once anything compiled
+    if eval_frame is not None and isinstance(function, eval_frame.OptimizedModule):
+        # A compiled block: its kernels write memory the observer cannot see (and
+        # Inductor allocates buffers outside the dispatcher). Compile the segment
+        # instead, with the block's own compile settings, so it becomes Dynamo's
+        # checkpoint region around the original module (Note [Checkpoint under
+        # torch.compile] in compiled.py).
+        original = function._orig_mod
+
+        def segment(*a, **k):
+            return checkpoint(
+                original,
+                *a,
+                use_reentrant=use_reentrant,
+                context_fn=context_fn,
+                determinism_check=determinism_check,
+                debug=debug,
+                early_stop=early_stop,
+                preserve_rng_state=preserve,
+                replay_state=state,
+                replay_engine=engine,
+                **k,
+            )
+
+        return function.dynamo_ctx(segment)(*args, **kwargs)
     watch_reads = use_reentrant or config.detect == "reads"
     if not config.observe and state is not None:
         # Without the observer nothing reports what the segment touches: only the
