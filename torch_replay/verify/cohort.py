@@ -15,7 +15,7 @@ from .cohort_program import (
     _condition,
     _run_cohort,
 )
-from .report import SuiteResult, _Progress, _target
+from .report import SuiteResult, _all_of, _Progress, _target
 
 
 def suite_cohort(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
@@ -170,29 +170,14 @@ def suite_cohort(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
         "nostate_rng_off_wrong": f"{nostate_rng_off[0]}/{nostate_rng_off[1]}",
     }
     t = [
-        _target(
-            "torch native, local view",
-            "right on all (source 200/200)",
-            f"{lv[0]}/{lv[1]} right",
-            lv[0] == lv[1],
-        ),
-        _target(
-            "torch native, hidden buffer",
-            "wrong on all (source 200/200)",
-            f"{hb[0]}/{hb[1]} wrong",
-            hb[0] == hb[1],
-        ),
-        _target(
-            "raw overlapping copy",
-            "rejected even eagerly (source 100)",
-            f"{ol[0]}/{ol[1]} rejected",
-            ol[0] == ol[1],
-        ),
-        _target(
+        _all_of("torch native, local view", "right on all (source 200/200)", lv, "right"),
+        _all_of("torch native, hidden buffer", "wrong on all (source 200/200)", hb, "wrong"),
+        _all_of("raw overlapping copy", "rejected even eagerly (source 100)", ol, "rejected"),
+        _all_of(
             "torch native, RNG preservation off",
             "diverges on all non-copy (source 400)",
-            f"{rng[0]}/{rng[1]} wrong",
-            rng[0] == rng[1],
+            rng,
+            "wrong",
         ),
         _target(
             "ours (state declared: auto/snapshot/journal/readset, reentrant auto)",
@@ -248,24 +233,19 @@ def _jax_targets(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f"{fn[0]}/{fn[1]} right ({bitwise} bitwise)",
             fn[0] == fn[1],
         ),
-        _target(
+        _all_of(
             "JAX lowering fed torch's draws vs torch eager",
             f"within {JAX_TOLERANCE:g} relative on all",
-            f"{tv[0]}/{tv[1]} right",
-            tv[0] == tv[1],
+            tv,
+            "right",
         ),
-        _target(
+        _all_of(
             "JAX in-place execution (JAX array; NumPy buffer under jax.checkpoint)",
             "rejected",
-            f"{ip[0]}/{ip[1]} rejected",
-            ip[0] == ip[1],
-        ),
-        _target(
-            "JAX impure-holder checkpointing",
+            ip,
             "rejected",
-            f"{ho[0]}/{ho[1]} rejected",
-            ho[0] == ho[1],
         ),
+        _all_of("JAX impure-holder checkpointing", "rejected", ho, "rejected"),
         _target(
             "JAX impure holder without jax.checkpoint (control)",
             "reported",

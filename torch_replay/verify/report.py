@@ -100,6 +100,12 @@ def _target(name: str, target: str, measured: Any, passed: bool) -> dict[str, An
     return {"name": name, "target": target, "measured": measured, "passed": bool(passed)}
 
 
+def _all_of(name: str, target: str, counts: tuple[int, int], verb: str) -> dict[str, Any]:
+    """A target met when every one of ``counts[1]`` cases is ``verb`` (``counts[0]`` were)."""
+    done, total = counts
+    return _target(name, target, f"{done}/{total} {verb}", done == total)
+
+
 def _knobs(seed: int) -> dict[str, Any]:
     """Per-program generator knobs, varied with the seed so a suite covers the space."""
     r = random.Random(seed * 7919 + 17)
