@@ -441,3 +441,26 @@ def test_report_prints_the_verdict():
     text = str(audit(ResNet18().train(), torch.randn(2, 3, 32, 32)))
     assert "[layer1] Sequential: torch.utils.checkpoint NOT exact" in text
     assert "engine auto -> journal" in text
+
+
+def test_module_list_children_are_segments():
+    class Blocks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Linear(6, 6)
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(6, 6), nn.Tanh()) for _ in range(3))
+            self.heads = nn.ModuleDict({"bn": nn.BatchNorm1d(6)})
+
+        def forward(self, x):
+            x = self.stem(x)
+            for b in self.blocks:
+                x = b(x)
+            return self.heads["bn"](x)
+
+    torch.manual_seed(0)
+    r = audit(Blocks().train(), torch.randn(4, 6, requires_grad=True))
+    names = [s.name for s in r.segments]
+    assert names == ["stem", "blocks.0", "blocks.1", "blocks.2", "heads.bn"]
+    # The batch norm's running statistics are written in its forward: not torch-exact.
+    assert not r["heads.bn"].torch_checkpoint_exact
+    assert r["blocks.1"].torch_checkpoint_exact

@@ -2,6 +2,9 @@
 // Function, and the translation of core errors into torch_replay.errors.
 #include <torch/extension.h>
 
+#include <unordered_set>
+#include <vector>
+
 #include "aten/op_observer.h"
 #include "aten/segment_function.h"
 #include "aten/transaction.h"
@@ -12,6 +15,29 @@
 namespace py = pybind11;
 
 namespace torch_replay::aten {
+
+namespace {
+
+class StorageKeeper {
+ public:
+  uint64_t key(const at::Tensor& t) {
+    const StorageKey k = storage_key(t);
+    if (held_.emplace(k).second) {
+      weak_.push_back(t.storage().getWeakStorageImpl());
+    }
+    return static_cast<uint64_t>(k);
+  }
+  size_t size() const {
+    return held_.size();
+  }
+
+ private:
+  std::unordered_set<StorageKey> held_;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> weak_;
+};
+
+}  // namespace
+
 namespace {
 
 const char* python_error_class(ErrorKind kind) {
@@ -150,6 +176,14 @@ TORCH_REPLAY_BINDINGS(replay) {
   m.def("storage_key", [](const at::Tensor& t) {
     return static_cast<uint64_t>(storage_key(t));
   });
+  // Storage identity that stays unique while the keeper lives: it holds a
+  // weak reference to each StorageImpl it named, which keeps the object's
+  // memory (not its bytes) allocated, so no later storage gets the same key
+  // (as the Transaction does for the storages a segment touched).
+  py::class_<StorageKeeper>(m, "StorageKeys")
+      .def(py::init<>())
+      .def("key", &StorageKeeper::key, py::arg("tensor"))
+      .def("__len__", &StorageKeeper::size);
   m.def("engine_names", &torch_replay::engine_names);
   m.def("journal_bytes", [] { return RegionJournal::global().bytes(); });
   m.def("region_store_bytes", [] { return RegionStore::process_bytes(); });

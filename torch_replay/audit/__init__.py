@@ -37,6 +37,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves
 
+from .._ext import require_extension
 from .._observe import _op_info
 
 __all__ = ["AuditReport", "SegmentAudit", "audit", "main"]
@@ -243,6 +244,12 @@ def _python_name(name: str, root_var: str = "model") -> str | None:
 # ------------------------------------------------------------------ observation
 
 
+# Storage identity for the audit in progress (torch_replay._C.StorageKeys keeps
+# every storage it named from being reused as another's key, as the checkpoint's
+# Transaction does); None outside audit().
+_KEYS = None
+
+
 def _key(t: torch.Tensor) -> int | None:
     if t.layout != torch.strided or t.device.type == "meta":
         return None
@@ -250,7 +257,9 @@ def _key(t: torch.Tensor) -> int | None:
         st = t.untyped_storage()
     except (RuntimeError, NotImplementedError):
         return None
-    return st.data_ptr() if st.nbytes() > 0 else None
+    if st.nbytes() == 0:
+        return None
+    return _KEYS.key(t) if _KEYS is not None else st.data_ptr()
 
 
 def _byte_range(t: torch.Tensor) -> tuple[int, int]:
@@ -632,7 +641,8 @@ def audit(
     """Run one forward and backward under observation and audit each candidate segment.
 
     Args:
-        module_or_fn: an ``nn.Module`` (candidate segments: each direct child by default) or
+        module_or_fn: an ``nn.Module`` (candidate segments: each direct child by default,
+            the elements of an ``nn.ModuleList`` / ``nn.ModuleDict`` child in its place) or
             a function (one candidate segment: the function).
         *example_inputs: its inputs.
         segments: module paths of the candidate segments (``""`` is the whole module).
@@ -651,12 +661,21 @@ def audit(
     overlapping copy) does not propagate: it is in ``report.error`` and the segments show
     what was observed up to it.
     """
+    global _KEYS
+    previous, _KEYS = _KEYS, require_extension().StorageKeys()
+    try:
+        return _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines)
+    finally:
+        _KEYS = previous
+
+
+def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> AuditReport:
     root = module_or_fn if isinstance(module_or_fn, nn.Module) else None
     a = _Auditor(root, example_inputs)
     handles = []
     fns: dict[str, Callable] = {}
     if root is not None:
-        names = list(segments) if segments is not None else [n for n, _ in root.named_children()]
+        names = list(segments) if segments is not None else _candidate_segments(root)
         mods = dict(root.named_modules())
         for n in names:
             if n not in mods:
@@ -721,6 +740,20 @@ def audit(
         {a.name_of(k) for _, k, _, w in a.writes if w == _OUTSIDE and k in a.pre}
     )
     return report
+
+
+def _candidate_segments(root: nn.Module, prefix: str = "") -> list[str]:
+    """The default candidate segments: each direct child, except that a container
+    that is never called itself (``nn.ModuleList``, ``nn.ModuleDict``) stands for
+    its children (``blocks.0``, ``blocks.1``, ...), recursively."""
+    names = []
+    for n, child in root.named_children():
+        path = f"{prefix}{n}"
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+            names += _candidate_segments(child, path + ".")
+        else:
+            names.append(path)
+    return names
 
 
 def _import_target(target: str) -> Any:
