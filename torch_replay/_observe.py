@@ -35,7 +35,7 @@ _OVERLAP_TEXT = "refer to a single memory location"
 def new_gate():
     """A switch shared by the observers of one segment: while ``paused`` they let
     operators through unseen (a re-run of the segment made inside its own forward,
-    which a separate transaction observes; see ``checkpoint._Frame``)."""
+    which a separate transaction observes; see ``_nonreentrant._Frame``)."""
     from ._ext import require_extension
 
     return require_extension().ObserverGate()

@@ -1,0 +1,316 @@
+"""The non-reentrant path of ``torch_replay.checkpoint``: saved-tensor hooks driving the
+segment's C++ Transaction on re-run (as torch's ``_CheckpointFrame``)."""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections import defaultdict
+from typing import Any
+
+import torch
+import torch.utils.checkpoint as _tcp
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext
+from torch.utils._pytree import tree_flatten
+
+from ._observe import new_gate
+from ._segment import (
+    _DEBUG_TIP,
+    _autocast_state,
+    _debug,
+    _early_stop,
+    _graph_task_id,
+    _in_graph_exec_group,
+    _leaves,
+    _metadata,
+    _named_errors,
+    _observer,
+    _rng_devices,
+)
+from .errors import UnsupportedReplayError
+
+# ---------------------------------------------------------- non-reentrant path
+
+
+class _Handle:
+    pass
+
+
+class _Holder:
+    __slots__ = ("handles", "__weakref__")
+
+    def __init__(self) -> None:
+        self.handles: dict[int, _Handle | None] = {}
+
+
+class _StopRecompute(Exception):
+    pass
+
+
+class _Frame:
+    """Saved-tensor bookkeeping of one non-reentrant segment (as torch's
+    ``_CheckpointFrame``), driving the segment's C++ Transaction on replay.
+
+    ``run`` re-runs the segment; ``child`` makes a fresh transaction over the same
+    declared state, used when the segment's saved tensors are unpacked before its
+    own forward has finished (it differentiates inside itself): that re-run starts
+    from the state the forward started from (nothing stateful happened yet, or it
+    is refused) and is rolled back by the child's abort, as if it never ran.
+    """
+
+    def __init__(self, txn, run, early_stop: bool, metadata_fn, child, gate):
+        self.txn = txn
+        self.run = run
+        self.child = child
+        self.gate = gate
+        self.early_stop = early_stop
+        self.metadata_fn = metadata_fn
+        self.forward_completed = False
+        self.ignore_saved_mismatch = False
+        self.weak_holders: list[weakref.ReferenceType] = []
+        self.metas: list[Any] = []
+        self.recomputed: defaultdict[Any, weakref.WeakKeyDictionary] = defaultdict(
+            weakref.WeakKeyDictionary
+        )
+        self.counter: defaultdict[Any, int] = defaultdict(int)
+        self.done: defaultdict[Any, bool] = defaultdict(bool)
+
+    def pack(self, x: torch.Tensor) -> _Holder:
+        holder = _Holder()
+        self.weak_holders.append(weakref.ref(holder))
+        if self.metadata_fn is not None:
+            with torch.no_grad():
+                self.metas.append(self.metadata_fn(x))
+        self.txn.record_saved(x)
+        return holder
+
+    def unpack(self, holder: _Holder) -> torch.Tensor:
+        gid = _graph_task_id()
+        if not self.done[gid]:
+            if self.forward_completed:
+                self.recompute(gid)
+            else:
+                self.recompute_in_forward(gid)
+        if gid not in holder.handles:
+            raise _tcp.CheckpointError(
+                "torch.utils.checkpoint: a saved tensor was not recomputed "
+                "(torch_replay: the re-run saved fewer tensors than the forward)."
+            )
+        if holder.handles[gid] is None:
+            extra = ""
+            if _in_graph_exec_group():
+                extra = (
+                    "Performing two backward calls that overlap (i.e. require the same "
+                    "saved activation in order to compute gradients) is not allowed while "
+                    "under the torch.utils.checkpoint.GraphExecGroup context. "
+                )
+            raise _tcp.CheckpointError(
+                "torch.utils.checkpoint: Unpack is being triggered for a tensor that was "
+                f"already unpacked once. {extra}If you are calling ctx.saved_tensors in "
+                "backward, make sure to do so only once. Otherwise please open an issue "
+                "with details on your use case."
+            )
+        ret = self.recomputed[gid][holder.handles[gid]]
+        holder.handles[gid] = None
+        return ret
+
+    def _recompute_pack(self, gid, txn, early_stop: bool):
+        def pack(x):
+            x = x.detach() if x.requires_grad else x
+            if txn is not None and txn.overwritten_later(x):
+                x = x.clone()  # the segment overwrites these bytes after saving them
+            idx = self.counter[gid]
+            self.counter[gid] += 1
+            if idx >= len(self.weak_holders):
+                if not self.forward_completed:
+                    # Re-run from inside the forward, which has saved fewer so far.
+                    self.ignore_saved_mismatch = True
+                    return x
+                raise _tcp.CheckpointError(
+                    "torch.utils.checkpoint: trying to save more tensors during "
+                    "recomputation than during the original forward pass.\n" + _DEBUG_TIP
+                )
+            holder = self.weak_holders[idx]()
+            if holder is not None:
+                holder.handles[gid] = _Handle()
+                self.recomputed[gid][holder.handles[gid]] = x
+            if early_stop and self.counter[gid] == len(self.weak_holders):
+                raise _StopRecompute
+            return x
+
+        return pack
+
+    def _rerun(self, gid, txn, observed, early_stop: bool, gate=None) -> bool:
+        """Runs the segment again, saving what it saves for graph task ``gid``
+        (``txn`` decides which saved bytes must be copied; ``observed`` is the
+        transaction its operators are shown to). False if it stopped early."""
+        try:
+            with (
+                torch.autograd.graph.saved_tensors_hooks(
+                    self._recompute_pack(gid, txn, early_stop), _no_unpack
+                ),
+                torch.enable_grad(),
+            ):
+                if gate is None:
+                    self.run(observed)
+                else:
+                    self.run(observed, gate)
+        except _StopRecompute:
+            return False
+        return True
+
+    def recompute(self, gid) -> None:
+        txn = self.txn
+        # A stateful segment runs to the end so that its end state is verified.
+        early_stop = self.early_stop and not txn.stateful
+        txn.begin_replay()
+        try:
+            if self._rerun(gid, txn, txn, early_stop):
+                txn.verify_replay()
+            # Recomputed tensors that alias state about to be put back to its live
+            # bytes must keep the replay's bytes.
+            store = self.recomputed[gid]
+            for handle in list(store.keys()):
+                t = store[handle]
+                if txn.restores(t):
+                    store[handle] = t.clone()
+        finally:
+            txn.finish_replay()
+        self.done[gid] = True
+        self._check_metadata(gid)
+
+    def recompute_in_forward(self, gid) -> None:
+        """Re-run the segment while its own forward is still running (it calls
+        ``torch.autograd.grad`` on its own values)."""
+        if self.txn.stateful:
+            raise UnsupportedReplayError(
+                "the checkpointed segment differentiates its own values after it "
+                "touched state or drew random numbers: re-running it from the start "
+                "in the middle of its forward would replay those effects. Move the "
+                "inner torch.autograd.grad before the stateful part, split the segment "
+                "there, or call the function without checkpoint."
+            )
+        child = self.child()
+        child.begin_forward([], [])
+        self.gate.paused = True
+        try:
+            self._rerun(gid, None, child, self.early_stop, new_gate())
+        finally:
+            self.gate.paused = False
+            child.abort_forward()  # puts every byte and generator back
+        self.done[gid] = True
+        self._check_metadata(gid)
+
+    def _check_metadata(self, gid) -> None:
+        if self.metadata_fn is None or self.ignore_saved_mismatch:
+            return
+        if self.counter[gid] != len(self.weak_holders):
+            raise _tcp.CheckpointError(
+                "torch.utils.checkpoint: A different number of tensors was saved "
+                "during the original forward and recomputation.\n"
+                f"Number of tensors saved during forward: {len(self.weak_holders)}\n"
+                f"Number of tensors saved during recomputation: {self.counter[gid]}.\n" + _DEBUG_TIP
+            )
+        different = []
+        for idx, wh in enumerate(self.weak_holders):
+            holder = wh()
+            if holder is None or holder.handles.get(gid) is None:
+                continue
+            got = self.metadata_fn(self.recomputed[gid][holder.handles[gid]])
+            if got != self.metas[idx]:
+                different.append(
+                    f"tensor at position {idx}:\nsaved metadata: {self.metas[idx]}\n"
+                    f"recomputed metadata: {got}\n"
+                )
+        if different:
+            raise _tcp.CheckpointError(
+                "torch.utils.checkpoint: Recomputed values for the following tensors "
+                "have different metadata than during the forward pass.\n"
+                f"{''.join(different)}.\n" + _DEBUG_TIP
+            )
+
+
+def _no_unpack(x):
+    return x
+
+
+def _metadata_fn(determinism_check: str):
+    checks = getattr(_tcp, "_allowed_determinism_checks_to_fns", None)
+    if checks is None:
+        checks = {"default": _metadata, "none": lambda _: None}
+    if determinism_check not in checks:
+        raise ValueError(
+            f"determinism_check should be one of {list(checks.keys())}, but got {determinism_check}"
+        )
+    return checks[determinism_check]
+
+
+def _device_context():
+    """The DeviceContext mode the forward runs under (the re-run respects it)."""
+    return next(
+        (m for m in reversed(_get_current_function_mode_stack()) if isinstance(m, DeviceContext)),
+        contextlib.nullcontext(),
+    )
+
+
+def _checkpoint_nonreentrant(
+    function, args, kwargs, txn, child, preserve, context_fn, metadata_fn, debug, early_stop
+):
+    unpack_error_cb = None
+    if _debug(debug):
+        if context_fn is not _tcp.noop_context_fn:
+            raise ValueError("debug=True is incompatible with non-default context_fn")
+        context_fn, unpack_error_cb = _tcp._get_debug_context_and_cb()
+    device_type = _tcp._infer_device_type(*args)
+    forward_ctx, recompute_ctx = context_fn()
+    autocast = _autocast_state(device_type)
+    device_ctx = _device_context()
+    gate = new_gate()
+
+    def run(t, g=gate):
+        # The observer sits below the user's modes (context_fn): selective
+        # checkpointing's caching modes expect to be the current mode, and the
+        # observer should see what really runs.
+        with autocast(), device_ctx, _observer(t, g), recompute_ctx:
+            function(*args, **kwargs)
+
+    frame = _Frame(txn, run, _early_stop(early_stop), metadata_fn, child, gate)
+
+    def unpack(holder):
+        with _named_errors(function, args):
+            if unpack_error_cb is None:
+                return frame.unpack(holder)
+            try:
+                return frame.unpack(holder)
+            except _tcp.CheckpointError as e:
+                unpack_error_cb(e)
+
+    leaves = _leaves(args) + (tree_flatten(kwargs)[0] if kwargs else [])
+    tensor_args = [a for a in leaves if isinstance(a, torch.Tensor)]
+    txn.begin_forward(tensor_args, _rng_devices(args, preserve))
+    suppressed = False
+    try:
+        with (
+            torch.autograd.graph.saved_tensors_hooks(frame.pack, unpack),
+            _observer(txn, gate),
+            forward_ctx,
+        ):
+            try:
+                out = function(*args, **kwargs)
+            except BaseException:
+                suppressed = True
+                raise
+        if suppressed:
+            raise RuntimeError(
+                "torch.utils.checkpoint: the forward context provided by "
+                "context_fn suppressed an exception raised during the "
+                "checkpointed forward. This is not supported because checkpoint "
+                "cannot return a value for a failed forward."
+            )
+        txn.end_forward()
+    except BaseException:
+        txn.abort_forward()
+        raise
+    frame.forward_completed = True
+    return out

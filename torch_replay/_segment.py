@@ -1,0 +1,350 @@
+"""What every checkpointed segment runs with: the process-wide settings
+(``torch_replay.config``), its C++ Transaction, the naming of its state and errors, and
+torch's words and knobs (Note [Drop-in fidelity])."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import uuid
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils.checkpoint as _tcp
+from torch.utils._pytree import tree_flatten
+
+from . import fsdp as _fsdp
+from ._ext import C as _C_ext  # noqa: E402
+from ._ext import require_extension
+from ._observe import DispatchModeObserver, Observer
+from .errors import ReplayError
+
+# The engine names, defined once in C++ (csrc/core/preservation_engine.cpp).
+ENGINES: tuple[str, ...] = (
+    tuple(_C_ext.engine_names())
+    if _C_ext is not None
+    else ("auto", "snapshot", "journal", "readset", "guard")  # unbuilt: for the error only
+)
+
+
+@dataclass(kw_only=True, slots=True)
+class ReplayConfig:
+    """Process-wide settings of ``torch_replay.checkpoint``."""
+
+    detect: str = "reads"
+    """What undeclared state is checked (by version counters) before a re-run.
+    ``"reads"`` (default): every tensor that existed before the segment and that it
+    read (parameters, buffers, inputs, captured tensors), plus what it saved for
+    backward; one weak reference and one integer per tensor. ``"saved"``: only the
+    tensors the forward saved for backward (what eager autograd checks).
+    ``use_reentrant=True`` always uses ``"reads"``, since its forward saves nothing.
+    ``"preserve"``: instead of checking, preserve every such tensor the segment
+    read: a later in-place write to it (outside segments too) first journals the
+    old bytes of what it overwrites, so the re-run sees the forward's values
+    without ``state=`` (copy-on-write, as ``engine="journal"`` for declared
+    state). Writes that bypass the dispatcher (the memory of ``.numpy()``, raw
+    pointers) are still detected, by hashes, and raise ``StateMutationError``.
+    While such a segment waits for its backward, every operator of the process
+    pays the write watch (benchmarks/results/observer.md gives its cost).
+    Inside ``torch.compile``, ``"preserve"`` treats a module segment's buffers as
+    declared (Note [Checkpoint under torch.compile] in compiled.py); the other
+    levels leave undeclared tensors to autograd's version check there."""
+
+    observer: str = os.environ.get("TORCH_REPLAY_OBSERVER", "c++")
+    """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
+    (a thread-local RecordFunction callback of the dispatcher, about 1 µs per
+    operator) or ``"python"`` (a TorchDispatchMode, about 10 µs per operator; the
+    reference implementation)."""
+
+    observe: bool = True
+    """Run the forward and the re-run under the observer (needed for declared
+    state, explicit generators, undeclared writes, overlap and integer-write
+    checks). Turning it off makes a segment with ``state=None`` behave like
+    ``torch.utils.checkpoint`` plus the saved-tensor check."""
+
+
+config = ReplayConfig()
+_DETECT_LEVELS = ("saved", "reads", "preserve")
+_last_txn: weakref.ReferenceType | None = None
+
+
+def engine_bytes() -> int:
+    """Bytes the preservation engines hold in C++ right now, process-wide: the saved
+    regions of every live transaction (snapshots, read-sets, first-touch bytes, a
+    re-run's live copy) and the region journal. Allocator statistics and live-tensor
+    counts do not include them; add this figure to report a step's real memory."""
+    C = require_extension()
+    return int(C.region_store_bytes()) + int(C.journal_bytes())
+
+
+_transaction_sink: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "torch_replay_transaction_sink", default=None
+)
+
+
+@contextlib.contextmanager
+def collect_transactions():
+    """Hands the C++ Transactions of the checkpoint calls made inside the ``with``
+    block (in this thread or task) to the caller, in call order: how
+    :class:`~torch_replay.PlannedSequential` gets each segment's transaction
+    without the process-wide :func:`last_transaction`.
+
+    Yields:
+        The list they are appended to."""
+    sink: list = []
+    token = _transaction_sink.set(sink)
+    try:
+        yield sink
+    finally:
+        _transaction_sink.reset(token)
+
+
+def last_transaction():
+    """The C++ Transaction of the most recent checkpoint call (for tests and
+    benchmarks: ``engine``, ``retained_bytes``, ``replay_transient_bytes``), or None."""
+    return _last_txn() if _last_txn is not None else None
+
+
+# ---------------------------------------------------------------------- state
+
+
+def _module_of(function) -> torch.nn.Module | None:
+    if isinstance(function, torch.nn.Module):
+        return function
+    owner = getattr(function, "__self__", None)
+    return owner if isinstance(owner, torch.nn.Module) else None
+
+
+def _collect_state(state, function):
+    """Flatten ``state`` into (tensors, names, generators, generator names)."""
+    tensors: list[torch.Tensor] = []
+    names: list[str] = []
+    gens: list[torch.Generator] = []
+    gen_names: list[str] = []
+    if state is None:
+        return tensors, names, gens, gen_names
+    if isinstance(state, (torch.Tensor, torch.nn.Module, torch.Generator)):
+        state = [state]
+    if not isinstance(state, Iterable):
+        raise TypeError(
+            "state= must be an iterable of tensors, nn.Modules and torch.Generators; "
+            f"got {type(state).__name__}"
+        )
+    root = _module_of(function)
+    paths = {id(m): p for p, m in root.named_modules()} if root is not None else {}
+    for i, item in enumerate(state):
+        if isinstance(item, torch.nn.Module):
+            prefix = paths.get(id(item), type(item).__name__)
+            prefix = prefix or type(item).__name__
+            # FSDP2 / DTensor state is preserved by its local shard (Note [FSDP traffic]).
+            owner = _fsdp.owners(item)
+            for n, b in item.named_buffers():
+                if b is not None:
+                    local = _fsdp.local_state(b, owner)
+                    tensors.append(local)
+                    names.append(f"{prefix}.{n} (buffer{_shard_word(local, b)})")
+            for n, p in item.named_parameters():
+                local = _fsdp.local_state(p, owner)
+                tensors.append(local)
+                names.append(f"{prefix}.{n} (parameter{_shard_word(local, p)})")
+        elif isinstance(item, torch.Tensor):
+            local = _fsdp.local_state(item)
+            tensors.append(local)
+            names.append((_tensor_name(item, root) or f"state[{i}]") + _shard_word(local, item))
+        elif isinstance(item, torch.Generator):
+            gens.append(item)
+            gen_names.append(f"state[{i}] (torch.Generator on {item.device})")
+        else:
+            raise TypeError(
+                f"state[{i}] is a {type(item).__name__}; state= takes tensors, "
+                "nn.Modules (their buffers and parameters) and torch.Generators only"
+            )
+    return tensors, names, gens, gen_names
+
+
+def _shard_word(local: torch.Tensor, declared: torch.Tensor) -> str:
+    return ", local shard" if local is not declared else ""
+
+
+def _tensor_name(t: torch.Tensor, root: torch.nn.Module | None) -> str | None:
+    if root is None:
+        return None
+    for n, b in root.named_buffers():
+        if b is t:
+            return f"{n} (buffer)"
+    for n, p in root.named_parameters():
+        if p is t:
+            return f"{n} (parameter)"
+    return None
+
+
+def _name_for_key(key: int, function, args) -> str | None:
+    """Module path and buffer name (or argument position) of a storage key."""
+    C = require_extension()
+    root = _module_of(function)
+    if root is not None:
+        for n, b in root.named_buffers():
+            if b is not None and C.storage_key(b) == key:
+                return f"buffer '{n}' of {type(root).__name__}"
+        for n, p in root.named_parameters():
+            if C.storage_key(p) == key:
+                return f"parameter '{n}' of {type(root).__name__}"
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and a.layout == torch.strided and C.storage_key(a) == key:
+            return f"argument {i} of the segment"
+    return None
+
+
+def _enrich(exc: ReplayError, function, args) -> ReplayError:
+    key = getattr(exc, "storage_key", 0)
+    if not key:
+        return exc
+    name = _name_for_key(key, function, args)
+    if name is None or name in str(exc):
+        return exc
+    new = type(exc)(f"{exc} [tensor: {name}]")
+    new.storage_key = key
+    return new
+
+
+@contextlib.contextmanager
+def _named_errors(function, args):
+    try:
+        yield
+    except ReplayError as exc:
+        new = _enrich(exc, function, args)
+        if new is exc:
+            raise
+        raise new from None
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _leaves(tree) -> list[Any]:
+    """Leaves of ``tree``; a flat tuple/list of tensors and numbers needs no pytree."""
+    if isinstance(tree, (tuple, list)) and all(
+        isinstance(a, (torch.Tensor, int, float, bool, str, type(None))) for a in tree
+    ):
+        return list(tree)
+    return tree_flatten(tree)[0]
+
+
+def _rng_devices(args, preserve: bool) -> list[torch.device]:
+    """Non-CPU devices whose default generator torch would stash (devices of the
+    tensor arguments, when that device type is initialised)."""
+    if not preserve:
+        return []
+    out: list[torch.device] = []
+    for a in _leaves(args):
+        if isinstance(a, torch.Tensor) and a.device.type != "cpu":
+            mod = getattr(torch, a.device.type, None)
+            if getattr(mod, "_initialized", False) and a.device not in out:
+                out.append(a.device)
+    return out
+
+
+def _autocast_state(device_type: str):
+    device_kwargs, cpu_kwargs = _tcp._get_autocast_kwargs(device_type)
+
+    def ctx():
+        stack = contextlib.ExitStack()
+        if torch.amp.is_autocast_available(device_type):
+            stack.enter_context(torch.amp.autocast(device_type=device_type, **device_kwargs))
+        stack.enter_context(torch.amp.autocast("cpu", **cpu_kwargs))
+        return stack
+
+    return ctx
+
+
+def _observer(txn, gate=None):
+    if not config.observe:
+        return contextlib.nullcontext()
+    if config.observer == "python":
+        return DispatchModeObserver(txn, gate)
+    return Observer(txn, gate)
+
+
+def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, last=True):
+    C = require_extension()
+    tensors, names, gens, gen_names = _collect_state(state, function)
+    txn = C.Transaction(
+        engine,
+        tensors,
+        names,
+        gens,
+        gen_names,
+        preserve_rng_state,
+        watch_reads,
+        preserve_reads=config.detect == "preserve" and config.observe,
+    )
+    if last:
+        global _last_txn
+        _last_txn = weakref.ref(txn)
+        sink = _transaction_sink.get()
+        if sink is not None:
+            sink.append(txn)
+    return txn
+
+
+def _metadata(x: torch.Tensor) -> dict[str, Any]:
+    return {"shape": x.shape, "dtype": x.dtype, "device": x.device}
+
+
+# ------------------------------------------------------- torch's words and knobs
+# Note [Drop-in fidelity]
+# Where torch.utils.checkpoint is right, torch_replay behaves the same: the same
+# signature and defaults, the same warnings, torch's global knobs
+# (set_checkpoint_early_stop, set_checkpoint_debug_enabled, GraphExecGroup) and
+# torch's error texts as the start of ours, so code that matches on them keeps
+# working. PyTorch's own checkpoint tests are run with torch_replay swapped in
+# (scripts/torch_checkpoint_tests.py).
+
+_DEBUG_TIP = getattr(_tcp, "_debug_tip_msg", "")
+_USE_REENTRANT_WARNING = (
+    "torch.utils.checkpoint: the use_reentrant parameter should be "
+    "passed explicitly. Starting in PyTorch 2.9, calling checkpoint "
+    "without use_reentrant will raise an exception. use_reentrant=False is "
+    "recommended, but if you need to preserve the current default "
+    "behavior, you can pass use_reentrant=True. Refer to docs for more "
+    "details on the differences between the two variants."
+)
+_USE_REENTRANT_WARNING_SEQUENTIAL = (
+    "torch.utils.checkpoint.checkpoint_sequential: the use_reentrant "
+    "parameter should be passed explicitly. "
+    "In version 2.9 we will raise an exception if use_reentrant "
+    "is not passed. use_reentrant=False is "
+    "recommended, but if you need to preserve the current default "
+    "behavior, you can pass use_reentrant=True. Refer to docs for more "
+    "details on the differences between the two variants."
+)
+
+
+def _early_stop(local: bool) -> bool:
+    knob = getattr(_tcp, "_enable_checkpoint_early_stop", None)
+    return bool(knob if knob is not None else local)
+
+
+def _debug(local: bool) -> bool:
+    knob = getattr(_tcp, "_checkpoint_debug_enabled", None)
+    return bool(knob if knob is not None else local)
+
+
+def _graph_task_id():
+    group = getattr(_tcp, "GraphExecGroup", None)
+    gid = group._get_current_group() if group is not None else None
+    if gid is None:
+        gid = torch._C._current_graph_task_id()
+        if gid == -1:
+            # Unpacked outside of a backward call: a fresh id.
+            gid = int(uuid.uuid4())
+    return gid
+
+
+def _in_graph_exec_group() -> bool:
+    get = getattr(torch._C, "_get_graph_exec_group", None)
+    return get is not None and get() is not None
