@@ -66,6 +66,11 @@ class GraphReport:
     """Wall-clock time of the pass (profiling, search and guard)."""
     search_seconds: float = 0.0
     """Wall-clock time of the scheduling core (exact search and lower bounds) for this graph."""
+    recomputed: list[dict[str, object]] = field(default_factory=list)
+    """Recomputed chains (``PassConfig.recompute``): per chain the buffer's names and
+    bytes, the re-emitted kernels, their extra MACs and cost, and the late use."""
+    recompute_note: str = ""
+    """What recomputation did, or why it could not lower the peak."""
     notes: list[str] = field(default_factory=list)
     permuted_source: str | None = field(default=None, repr=False)
     original_source: str | None = field(default=None, repr=False)
