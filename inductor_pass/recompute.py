@@ -61,7 +61,6 @@ from __future__ import annotations
 import ast
 import copy
 import dataclasses
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +77,7 @@ __all__ = [
     "find_candidate",
     "candidates",
     "apply",
+    "apply_set",
     "choose",
     "unit_costs",
     "improve",
@@ -100,6 +100,8 @@ class Program:
     for original statements)."""
     block: set[int] = field(default_factory=set)
     """Statements of replay blocks (replayed units, allocations, moved and new ``del``)."""
+    lineage: dict[int, int] = field(default_factory=dict)
+    """Fresh storage -> the original storage it copies."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -160,9 +162,7 @@ def single_operator_bound(model: ProgramModel) -> tuple[int, int | None]:
             continue
         k = st.index
         created = set(model.storages_of(st.defines))
-        held = {
-            s for s in _region_stmt_storages(model, k) - created if model.counted(s)
-        }
+        held = {s for s in _region_stmt_storages(model, k) - created if model.counted(s)}
         b = sum(model.sizes[s] for s in held) + model.transient[k]
         if b > best:
             best, arg = b, k
@@ -248,6 +248,8 @@ def find_candidate(
     model, order = prog.model, prog.order
     region = model.wrapper.region
     pos = {k: i for i, k in enumerate(order)}
+    if q_stmt not in pos:
+        raise Refused("statement gone")
     q_pos = pos[q_stmt]
     units = [k for k in order if region[k].kind is StmtKind.UNIT]
     acc = {k: _region_stmt_storages(model, k) for k in units}
@@ -310,7 +312,7 @@ def find_candidate(
                 elif rebuild_dead and model.counted(s) and s not in model.external:
                     if not any(s in model.name_storages.get(n, ()) for n in bound_q):
                         copies.add(s)  # freed before q: rebuild it rather than keep it
-                    changed = True
+                        changed = True
         if len(chain) > max_chain:
             raise Refused(f"chain longer than {max_chain} units")
     chain_list = sorted(chain, key=pos.__getitem__)
@@ -387,16 +389,14 @@ def apply(prog: Program, cand: Candidate, tag: str) -> Program:
     reads, writes = dict(model.reads), dict(model.writes)
     origin = dict(prog.origin)
     fresh: dict[int, int] = {}
+    lineage = dict(prog.lineage)
     nxt = max([*sizes, -1]) + 1
     for s in sorted(cand.copies):
         fresh[s] = nxt
+        lineage[nxt] = lineage.get(s, s)
         sizes[nxt] = sizes[s]
         nxt += 1
-    rename = {
-        n: f"{n}_{tag}"
-        for n, ss in model.name_storages.items()
-        if ss and ss <= cand.copies
-    }
+    rename = {n: f"{n}_{tag}" for n, ss in model.name_storages.items() if ss and ss <= cand.copies}
     for n, new in rename.items():
         if new in name_storages:
             raise Refused(f"name {new} exists")
@@ -431,8 +431,10 @@ def apply(prog: Program, cand: Candidate, tag: str) -> Program:
                     raise Refused(f"name {n} is not bound in the replay")
             replay.append(new_stmt(st, rename, k))
             defined_in_replay.update(rename[n] for n in st.defines if n in rename)
-        elif st.kind in (StmtKind.ALLOC, StmtKind.ALIAS) and st.defines and all(
-            n in rename for n in st.defines
+        elif (
+            st.kind in (StmtKind.ALLOC, StmtKind.ALIAS)
+            and st.defines
+            and all(n in rename for n in st.defines)
         ):
             if st.kind is StmtKind.ALIAS and st.alias_of not in rename:
                 raise Refused(f"alias {st.defines} of a kept name")
@@ -450,8 +452,11 @@ def apply(prog: Program, cand: Candidate, tag: str) -> Program:
         if i == q_pos:
             start = len(new_order)
             new_order += replay
-            new_order += [k2 for k2 in order[:q_pos] if region[k2].kind is StmtKind.DEL
-                          and set(region[k2].deletes) & postponed]
+            new_order += [
+                k2
+                for k2 in order[:q_pos]
+                if region[k2].kind is StmtKind.DEL and set(region[k2].deletes) & postponed
+            ]
             for n in sorted(rename):
                 if rename[n] in defined_in_replay and not (n in s_names and n in keep_after):
                     new_order.append(del_of(rename[n]))
@@ -482,7 +487,12 @@ def apply(prog: Program, cand: Candidate, tag: str) -> Program:
         notes=list(model.notes),
     )
     return Program(
-        model=new_model, order=new_order, returned=prog.returned, origin=origin, block=block
+        model=new_model,
+        order=new_order,
+        returned=prog.returned,
+        origin=origin,
+        block=block,
+        lineage=lineage,
     )
 
 
@@ -554,9 +564,7 @@ def _branch_and_bound(
     return best[0], best[2]
 
 
-def choose(
-    prog: Program, cands: list[Candidate], budget: int
-) -> tuple[int, list[Candidate]]:
+def choose(prog: Program, cands: list[Candidate], budget: int) -> tuple[int, list[Candidate]]:
     """Exact choice under the additive model (Note [Recomputation choice]).
 
     Returns:
@@ -664,6 +672,42 @@ def unit_costs(
     return cost, macs
 
 
+def apply_set(
+    prog: Program, cands: Sequence[Candidate], *, max_chain: int = 16
+) -> tuple[Program, list[Candidate]]:
+    """Apply candidates one after the other, each re-derived on the program so far.
+
+    Returns:
+        ``(program, the candidates applied)``; one that no longer applies is skipped.
+    """
+    done: list[Candidate] = []
+    for i, c in enumerate(cands):
+        # The late use and the storage as they are now (earlier candidates rename).
+        root = prog.origin.get(c.q_stmt, c.q_stmt)
+        qs = [k for k in prog.order if prog.origin.get(k, k) == root and k not in prog.block]
+        line = prog.lineage.get(c.storage, c.storage)
+        try:
+            if len(qs) != 1:
+                raise Refused("late use not found")
+            q = qs[0]
+            stor = [
+                s
+                for s in _region_stmt_storages(prog.model, q)
+                if prog.lineage.get(s, s) == line
+            ]
+            if len(stor) != 1:
+                raise Refused("storage not found")
+            fresh = find_candidate(
+                prog, stor[0], q, max_chain=max_chain, rebuild_dead=c.rebuild_dead
+            )
+            fresh.cost, fresh.macs = c.cost, c.macs
+            prog = apply(prog, fresh, f"rc{i}")
+            done.append(fresh)
+        except Refused:
+            continue
+    return prog, done
+
+
 def improve(
     model: ProgramModel,
     order: list[int],
@@ -710,21 +754,14 @@ def improve(
     limit = int(budget * total)
     _, chosen = choose(prog, [c for c in cands if c.cost <= limit], limit)
     if not chosen:
-        return None, f"recomputation: no candidate lowers the peak within the budget ({budget:.2%} of {total} ops)"
+        return (
+            None,
+            f"recomputation: no candidate lowers the peak within the budget ({budget:.2%} of {total} ops)",
+        )
+
     # Apply exactly; drop candidates that do not help the exact peak.
     def build(cs: list[Candidate]) -> tuple[Program, int, list[Candidate]] | None:
-        p = prog
-        done = []
-        for i, c in enumerate(cs):
-            try:
-                fresh = find_candidate(
-                    p, c.storage, c.q_stmt, max_chain=max_chain, rebuild_dead=c.rebuild_dead
-                )
-                fresh.cost, fresh.macs = c.cost, c.macs
-                p = apply(p, fresh, f"rc{i}")
-                done.append(fresh)
-            except Refused:
-                continue
+        p, done = apply_set(prog, cs, max_chain=max_chain)
         if not done:
             return None
         return p, simulate(p.model, p.order)[0], done
@@ -746,9 +783,6 @@ def improve(
         ),
         f"recomputation: {len(done)} chain(s), modelled peak {peak} -> {pk} bytes",
     )
-
-
-_ = itertools  # noqa: F841 - kept for brute-force helpers in tests
 
 
 def in_pass(
