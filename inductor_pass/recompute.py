@@ -349,10 +349,14 @@ def candidates(prog: Program, *, max_chain: int = 16) -> list[Candidate]:
     region = model.wrapper.region
     seen: set[tuple[int, int]] = set()
     out = []
+    first: dict[int, int] = {}  # storage -> position of its first access (a stable key)
+    for i, k in enumerate(order):
+        for s in _region_stmt_storages(model, k):
+            first.setdefault(s, i)
     for k in order:
         if region[k].kind is not StmtKind.UNIT:
             continue
-        for s in sorted(model.reads.get(k, ())):
+        for s in sorted(model.reads.get(k, ()), key=first.__getitem__):
             if (s, k) in seen or s in model.external:
                 continue
             seen.add((s, k))
@@ -405,14 +409,16 @@ def apply(prog: Program, cand: Candidate, tag: str) -> Program:
     bound_q = _bound_at(model, order, q_pos)
     chain = set(cand.chain)
 
-    def new_stmt(st: Stmt, mapping: dict[str, str], orig: int) -> int:
+    only_s = {cand.storage: fresh[cand.storage]}
+
+    def new_stmt(st: Stmt, mapping: dict[str, str], orig: int, smap: dict[int, int]) -> int:
         idx = len(region)
         region.append(_rename_stmt(st, mapping, idx))
         transient.append(model.transient[st.index])
         origin[idx] = origin.get(orig, orig)
         if st.kind is StmtKind.UNIT:
-            reads[idx] = frozenset(fresh.get(s, s) for s in model.reads.get(st.index, ()))
-            writes[idx] = frozenset(fresh.get(s, s) for s in model.writes.get(st.index, ()))
+            reads[idx] = frozenset(smap.get(s, s) for s in model.reads.get(st.index, ()))
+            writes[idx] = frozenset(smap.get(s, s) for s in model.writes.get(st.index, ()))
         return idx
 
     def del_of(name: str) -> int:
@@ -429,7 +435,7 @@ def apply(prog: Program, cand: Candidate, tag: str) -> Program:
             for n in st.uses:
                 if n in rename and rename[n] not in defined_in_replay:
                     raise Refused(f"name {n} is not bound in the replay")
-            replay.append(new_stmt(st, rename, k))
+            replay.append(new_stmt(st, rename, k, fresh))
             defined_in_replay.update(rename[n] for n in st.defines if n in rename)
         elif (
             st.kind in (StmtKind.ALLOC, StmtKind.ALIAS)
@@ -438,7 +444,7 @@ def apply(prog: Program, cand: Candidate, tag: str) -> Program:
         ):
             if st.kind is StmtKind.ALIAS and st.alias_of not in rename:
                 raise Refused(f"alias {st.defines} of a kept name")
-            replay.append(new_stmt(st, rename, k))
+            replay.append(new_stmt(st, rename, k, fresh))
             defined_in_replay.update(rename[n] for n in st.defines)
     keep_after = {n for n in s_names if n in bound_q}
     after_map = {n: rename[n] for n in s_names}
@@ -472,7 +478,7 @@ def apply(prog: Program, cand: Candidate, tag: str) -> Program:
                 new_order += [del_of(n) for n in dels_at_p]
         else:
             if set(st.uses) & set(after_map) or set(st.defines) & set(after_map):
-                new_order.append(new_stmt(st, after_map, k))
+                new_order.append(new_stmt(st, after_map, k, only_s))
             else:
                 new_order.append(k)
     wrapper = dataclasses.replace(model.wrapper, region=region)
