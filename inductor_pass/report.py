@@ -113,6 +113,11 @@ class GraphReport:
             f"certified={self.certified}, units={self.num_units}, "
             f"owned inputs {self.owned_inputs}/{self.num_inputs}, program {self.variant}; "
             f"{self.reason}"
+            + (
+                f"; recomputed {len(self.recomputed)} chain(s) (the bound is of permutations)"
+                if self.recomputed
+                else ""
+            )
         )
 
 
