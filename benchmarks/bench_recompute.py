@@ -33,10 +33,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from recompute_models import REDIM_SIZES, ReDimNetStyle, SpecUNet, init_bn  # noqa: E402
+
 import inductor_pass  # noqa: E402,F401  (registers the backend)
 from inductor_pass import PassConfig, make_backend  # noqa: E402
 from inductor_pass.report import clear_reports, reports  # noqa: E402
-from recompute_models import REDIM_SIZES, ReDimNetStyle, SpecUNet, init_bn  # noqa: E402
 
 try:
     import torchvision  # noqa: F401
@@ -50,16 +51,22 @@ def models(quick: bool):
     for name, (c, blocks, f, t) in REDIM_SIZES.items():
         if quick and name not in ("r0", "r2"):
             continue
-        yield f"ReDimNet-style {name} (C={c}, blocks={blocks}, {f}x{t})", (
-            lambda c=c, blocks=blocks: ReDimNetStyle(c, blocks),
-            (1, 1, f, t),
+        yield (
+            f"ReDimNet-style {name} (C={c}, blocks={blocks}, {f}x{t})",
+            (
+                lambda c=c, blocks=blocks: ReDimNetStyle(c, blocks),
+                (1, 1, f, t),
+            ),
         )
     for c, levels, f, t in ((16, 3, 64, 128), (24, 3, 64, 160), (32, 4, 96, 160)):
         if quick and c != 16:
             continue
-        yield f"U-Net (spectrogram, C={c}, {levels} levels, {f}x{t})", (
-            lambda c=c, levels=levels: SpecUNet(c, levels),
-            (1, 1, f, t),
+        yield (
+            f"U-Net (spectrogram, C={c}, {levels} levels, {f}x{t})",
+            (
+                lambda c=c, levels=levels: SpecUNet(c, levels),
+                (1, 1, f, t),
+            ),
         )
 
 
@@ -85,9 +92,7 @@ def run_one(make, shape, budget: float, reps: int) -> dict:
         ref = plain(x)
         torch._dynamo.reset()
         clear_reports()
-        cfg = PassConfig(
-            recompute=True, recompute_budget=budget, decision_cache=False, variants=()
-        )
+        cfg = PassConfig(recompute=True, recompute_budget=budget, decision_cache=False, variants=())
         t0 = time.perf_counter()
         ours = torch.compile(model, backend=make_backend(cfg))
         y1 = ours(x)

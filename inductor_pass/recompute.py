@@ -524,49 +524,47 @@ def _branch_and_bound(
     Returns:
         ``(peak, chosen indices)``; ties broken by least cost.
     """
-    n = len(deltas)
-    T = len(base)
+    import numpy as np
 
-    def peak_of(chosen: list[int], extra: list[int] | None = None) -> int:
-        lv = list(base)
-        for i in chosen:
-            d = deltas[i]
-            for t in range(T):
-                lv[t] += d[t]
-        if extra is not None:
-            lv = [a + b for a, b in zip(lv, extra, strict=True)]
-        pk = max(lv) if lv else 0
+    n = len(deltas)
+    if n == 0:
+        return (max(base) if base else 0), []
+    B = np.asarray(base, dtype=np.int64)
+    D = np.asarray(deltas, dtype=np.int64).reshape(n, len(base))
+    order = sorted(range(n), key=lambda i: int(D[i].min()))
+    neg = np.zeros((n + 1, len(base)), dtype=np.int64)
+    for m in range(n - 1, -1, -1):
+        neg[m] = neg[m + 1] + np.minimum(D[order[m]], 0)
+
+    def level(chosen: list[int], S: np.ndarray, extra: np.ndarray) -> int:
+        """Peak of ``chosen`` with ``extra`` added everywhere (a bound when negative)."""
+        pk = int((B + S + extra).max())
         for i in chosen:
             q, e = events[i]
-            pk = max(pk, e + sum(deltas[j][q] for j in chosen if j != i))
+            pk = max(pk, e + int(S[q] - D[i, q] + extra[q]))
         return pk
 
-    order = sorted(range(n), key=lambda i: min(deltas[i]) if deltas[i] else 0)
-    neg_tail: list[list[int]] = [[0] * T for _ in range(n + 1)]
-    for m in range(n - 1, -1, -1):
-        i = order[m]
-        neg_tail[m] = [a + min(0, d) for a, d in zip(neg_tail[m + 1], deltas[i], strict=True)]
-    best = (peak_of([]), 0, [])
+    zero = np.zeros(len(base), dtype=np.int64)
+    best = (level([], zero, zero), 0, [])
 
-    def dfs(m: int, chosen: list[int], cost: int) -> None:
+    def dfs(m: int, chosen: list[int], cost: int, S: np.ndarray) -> None:
         nonlocal best
         if m == n:
-            pk = peak_of(chosen)
+            pk = level(chosen, S, zero)
             if (pk, cost) < best[:2]:
                 best = (pk, cost, list(chosen))
             return
-        lb = peak_of(chosen, neg_tail[m])
-        if lb > best[0]:
+        if level(chosen, S, neg[m]) > best[0]:  # even every remaining saving is not enough
             return
         i = order[m]
         taken = groups is not None and any(groups[j] == groups[i] for j in chosen)
         if cost + costs[i] <= budget and not taken:
             chosen.append(i)
-            dfs(m + 1, chosen, cost + costs[i])
+            dfs(m + 1, chosen, cost + costs[i], S + D[i])
             chosen.pop()
-        dfs(m + 1, chosen, cost)
+        dfs(m + 1, chosen, cost, S)
 
-    dfs(0, [], 0)
+    dfs(0, [], 0, zero)
     return best[0], best[2]
 
 
@@ -608,6 +606,11 @@ def choose(prog: Program, cands: list[Candidate], budget: int) -> tuple[int, lis
         events.append((q, event))
         costs.append(c.cost)
         keep.append(c)
+    useful = [i for i in range(len(keep)) if min(deltas[i], default=0) < 0]
+    deltas = [deltas[i] for i in useful]
+    events = [events[i] for i in useful]
+    costs = [costs[i] for i in useful]
+    keep = [keep[i] for i in useful]
     if len(keep) > 16:  # the exact search is exponential in the worst case
         ranked = sorted(range(len(keep)), key=lambda i: min(deltas[i]))[:16]
         deltas = [deltas[i] for i in ranked]
@@ -697,9 +700,7 @@ def apply_set(
                 raise Refused("late use not found")
             q = qs[0]
             stor = [
-                s
-                for s in _region_stmt_storages(prog.model, q)
-                if prog.lineage.get(s, s) == line
+                s for s in _region_stmt_storages(prog.model, q) if prog.lineage.get(s, s) == line
             ]
             if len(stor) != 1:
                 raise Refused("storage not found")
@@ -770,14 +771,23 @@ def improve(
         p, done = apply_set(prog, cs, max_chain=max_chain)
         if not done:
             return None
+        for c in done:  # a re-derived chain may replay an earlier chain's kernels
+            c.cost = sum(cost.get(p.origin.get(k, k), 0) for k in c.chain)
+            c.macs = sum(macs.get(p.origin.get(k, k), 0) for k in c.chain)
         return p, simulate(p.model, p.order)[0], done
 
+    def bad(got: tuple[Program, int, list[Candidate]] | None) -> bool:
+        return got is None or got[1] >= peak or sum(c.cost for c in got[2]) > limit
+
     got = build(chosen)
-    while got is not None and got[1] >= peak and len(chosen) > 1:
+    while bad(got) and len(chosen) > 1:
         chosen = chosen[:-1]
         got = build(chosen)
-    if got is None or got[1] >= peak:
-        return None, "recomputation: the chosen recomputations do not lower the exact modelled peak"
+    if got is None or bad(got):
+        return None, (
+            "recomputation: the chosen recomputations do not lower the exact modelled peak "
+            "within the budget"
+        )
     p, pk, done = got
     return (
         RecomputeResult(
@@ -831,14 +841,15 @@ def in_pass(
     rep.recompute_note = note
     if result is None:
         return unchanged
-    region = model.wrapper.region
+    region = result.program.model.wrapper.region
+    rep.bounds["single_operator"] = single_operator_bound(model)[0]
     for c in result.applied:
         rep.recomputed.append(
             {
                 "names": c.names,
                 "bytes": c.size,
-                "late_use": region[c.q_stmt].callee if c.q_stmt < len(region) else None,
-                "kernels": [region[k].callee for k in c.chain if k < len(region)],
+                "late_use": region[c.q_stmt].callee,
+                "kernels": [region[k].callee for k in c.chain],
                 "extra_macs": c.macs,
                 "extra_cost": c.cost,
                 "total_macs": result.total_macs,

@@ -170,9 +170,7 @@ def test_exact_chooser_matches_brute_force_on_series_parallel_programs(seed):
     for c in cands:
         c.cost = sum(costs[k] for k in c.chain)
     expected = _brute_force(prog, cands, int(budget * total))
-    result, note = R.improve(
-        prog.model, prog.order, peak, costs=(costs, costs), budget=budget
-    )
+    result, note = R.improve(prog.model, prog.order, peak, costs=(costs, costs), budget=budget)
     got = result.peak if result is not None else peak
     assert got == expected, note
     if result is not None:
@@ -282,8 +280,10 @@ def _check_every_candidate(monkeypatch, seen, failures):
             again = guard.measure_cpu(call0, inputs)
             if not guard.bitwise_equal([*out0, *in0], [*out, *ins]):
                 same = guard.bitwise_equal([*out0, *in0], [*again[1], *again[2]])
-                failures.append(f"outputs differ: {[(c.names, c.chain) for c in done]}; "
-                                f"original reproducible: {same}\n{src}")
+                failures.append(
+                    f"outputs differ: {[(c.names, c.chain) for c in done]}; "
+                    f"original reproducible: {same}\n{src}"
+                )
             if pk != simulate(p.model, p.order)[0]:
                 failures.append(f"modelled != measured: {[c.names for c in done]}")
             seen.append(len(done))
@@ -349,9 +349,7 @@ def test_models_recompute_lowers_the_real_peak(make, shape):
     assert rep.deployed, rep.reason
     assert rep.byte_exact and rep.bitwise_identical
     assert rep.measured_permuted_peak <= 0.95 * rep.measured_original_peak
-    assert rep.recomputed and all(
-        c["extra_macs"] <= 0.01 * c["total_macs"] for c in rep.recomputed
-    )
+    assert rep.recomputed and all(c["extra_macs"] <= 0.01 * c["total_macs"] for c in rep.recomputed)
 
 
 def test_recompute_is_off_by_default():
