@@ -44,9 +44,13 @@ For candidates whose chains, kept storages and intervals do not interact
 ``max(max_t L(t) + sum_i delta_i(t), max_i E_i + sum_{j != i} delta_j(q_i))``
 and choosing the set of least peak under the cost budget is a knapsack; it
 is solved exactly by branch and bound (bound: every undecided candidate's
-savings taken where they help). The chosen set is then applied and the
-result simulated exactly, and candidates that do not lower the exact peak
-are dropped one at a time. Cost: ``MACs`` of convolution/matmul kernels
+savings taken where they help). Candidates that lower no level are dropped;
+when more than 16 remain, the 16 with the largest saving enter the search (a
+documented truncation: the choice is then exact over those). The chosen set
+is then applied and simulated exactly; while its exact peak is not lower or
+its recounted cost exceeds the budget, the last chosen candidate is dropped.
+When the effects interact (shared chains, overlapping kept storages) the
+additive model is a heuristic and the exact simulation is the authority. Cost: ``MACs`` of convolution/matmul kernels
 (torch's FLOP counter, flops/2) plus one per element written by other
 kernels; the budget is a fraction of the graph's cost
 (``PassConfig.recompute_budget``).
