@@ -157,7 +157,7 @@ def _brute_force(prog, cands, budget_abs):
     return best
 
 
-@pytest.mark.parametrize("seed", range(24))
+@pytest.mark.parametrize("seed", range(32))
 def test_exact_chooser_matches_brute_force_on_series_parallel_programs(seed):
     rnd = random.Random(seed)
     source, sizes, cost_by_name = _sp_program(rnd)
@@ -167,6 +167,8 @@ def test_exact_chooser_matches_brute_force_on_series_parallel_programs(seed):
     budget = rnd.choice([0.02, 0.05, 0.1, 1.0])
     peak = simulate(prog.model, prog.order)[0]
     cands = R.candidates(prog)
+    if len(cands) > 12:  # keeps the brute force (all subsets) fast
+        pytest.skip(f"{len(cands)} candidates: too many for the brute force")
     for c in cands:
         c.cost = sum(costs[k] for k in c.chain)
     expected = _brute_force(prog, cands, int(budget * total))
@@ -348,7 +350,9 @@ def test_models_recompute_lowers_the_real_peak(make, shape):
     assert rep.deployed, rep.reason
     assert rep.byte_exact and rep.bitwise_identical
     assert rep.measured_permuted_peak <= 0.95 * rep.measured_original_peak
-    assert rep.recomputed and all(c["extra_macs"] <= 0.01 * c["total_macs"] for c in rep.recomputed)
+    assert rep.recomputed
+    extra = sum(c["extra_macs"] for c in rep.recomputed)
+    assert extra <= 0.01 * rep.recomputed[0]["total_macs"]
 
 
 def test_recompute_is_off_by_default():
