@@ -506,6 +506,17 @@ def apply(prog: Program, cand: Candidate, tag: str) -> Program:
     )
 
 
+def _core_chooser() -> Callable[..., Any] | None:
+    """``choose_recomputation`` of the C++ core, or None when the built extension
+    predates it (the Python search below is the same algorithm)."""
+    try:
+        from torch_replay._ext import require_extension
+
+        return getattr(require_extension().schedule, "choose_recomputation", None)
+    except Exception:
+        return None
+
+
 def _branch_and_bound(
     base: list[int],
     deltas: list[list[int]],
@@ -513,6 +524,8 @@ def _branch_and_bound(
     costs: list[int],
     budget: int,
     groups: list[int] | None = None,
+    *,
+    use_core: bool = True,
 ) -> tuple[int, list[int]]:
     """Exact minimum of the additive peak model over subsets within the budget.
 
@@ -524,6 +537,7 @@ def _branch_and_bound(
         budget: Largest total cost.
         groups: Per candidate, a group; at most one candidate per group is chosen
             (the recomputations of one storage for different late uses).
+        use_core: Search in the C++ core when the extension has it.
 
     Returns:
         ``(peak, chosen indices)``; ties broken by least cost.
@@ -533,6 +547,18 @@ def _branch_and_bound(
     n = len(deltas)
     if n == 0:
         return (max(base) if base else 0), []
+    core = _core_chooser() if use_core else None
+    if core is not None:  # csrc/core/recompute_choice.cpp: the same search in C++
+        peak, _, chosen, _ = core(
+            list(base),
+            [list(d) for d in deltas],
+            [q for q, _ in events],
+            [e for _, e in events],
+            list(costs),
+            list(groups) if groups is not None else list(range(n)),
+            int(budget),
+        )
+        return int(peak), [int(i) for i in chosen]
     B = np.asarray(base, dtype=np.int64)
     D = np.asarray(deltas, dtype=np.int64).reshape(n, len(base))
     order = sorted(range(n), key=lambda i: int(D[i].min()))

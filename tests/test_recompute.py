@@ -377,3 +377,45 @@ def test_single_operator_peak_is_reported_on_a_real_graph():
     rep = reports()[-1]
     assert not rep.deployed
     assert "single-operator bound" in rep.recompute_note
+
+
+def _additive_peak(base, deltas, events, chosen):
+    lv = [b + sum(deltas[i][t] for i in chosen) for t, b in enumerate(base)]
+    pk = max(lv)
+    for i in chosen:
+        q, e = events[i]
+        pk = max(pk, e + sum(deltas[j][q] for j in chosen if j != i))
+    return pk
+
+
+@pytest.mark.parametrize("use_core", [False, True], ids=["python", "c++"])
+def test_branch_and_bound_matches_enumeration(use_core):
+    if use_core and R._core_chooser() is None:
+        pytest.skip("the built extension predates choose_recomputation")
+    rnd = random.Random(7)
+    for _ in range(150):
+        t = rnd.randint(4, 14)
+        base = [rnd.randint(10, 100) for _ in range(t)]
+        n = rnd.randint(0, 8)
+        deltas, events, costs, groups = [], [], [], []
+        for _ in range(n):
+            p = rnd.randint(0, t - 3)
+            q = rnd.randint(p + 2, t - 1)
+            size = rnd.randint(1, 40)
+            deltas.append([-size if p < k < q else 0 for k in range(t)])
+            events.append((q, base[q] + rnd.randint(-10, 30)))
+            costs.append(rnd.randint(0, 10))
+            groups.append(rnd.randint(0, n))
+        budget = rnd.randint(0, 25)
+        best = _additive_peak(base, deltas, events, [])
+        for r in range(1, n + 1):
+            for subset in itertools.combinations(range(n), r):
+                if len({groups[i] for i in subset}) < r:
+                    continue
+                if sum(costs[i] for i in subset) <= budget:
+                    best = min(best, _additive_peak(base, deltas, events, list(subset)))
+        peak, chosen = R._branch_and_bound(
+            base, deltas, events, costs, budget, groups, use_core=use_core
+        )
+        assert peak == best == _additive_peak(base, deltas, events, chosen)
+        assert sum(costs[i] for i in chosen) <= budget
