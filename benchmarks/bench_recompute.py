@@ -1,4 +1,4 @@
-"""Benchmark of selective recomputation in the Inductor pass (issue 14, SPEC 3.4).
+"""Benchmark of selective recomputation in the Inductor pass (issue 14, docs/design.md §3.4).
 
 CPU FP32 inference, one thread. For each model: the real peak of Inductor's
 program and of the pass's program with recomputation (both measured by the

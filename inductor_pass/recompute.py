@@ -1,4 +1,4 @@
-"""Selective recomputation after the certified order (SPEC 3.4, issue 14).
+"""Selective recomputation after the certified order (docs/design.md §3.4, issue 14).
 
 Note [Recomputation in the wrapper]
 When no permutation lowers the peak, a long-lived storage ``S`` can still be

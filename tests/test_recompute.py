@@ -1,4 +1,4 @@
-"""Selective recomputation in the Inductor pass (issue 14, SPEC 3.4).
+"""Selective recomputation in the Inductor pass (issue 14, docs/design.md §3.4).
 
 References: brute force over every subset of candidates (the exact model of the
 emitted program) for the chooser; the original Inductor program and plain
