@@ -142,7 +142,9 @@ def table(rows, args, started) -> str:
         "Extra MACs: convolution/matmul multiply-accumulates of the re-emitted kernels",
         "(torch's FLOP counter) over the graph's; extra cost adds one op per element",
         "written by generated kernels. Bitwise: outputs of two calls equal to plain",
-        "`torch.compile` (Inductor). Time: median wall time per call (ms).",
+        "`torch.compile` (Inductor). Time: median wall time per call (ms), on the machine",
+        "that ran it under its load then (a shared 2-core machine here: repeated runs moved",
+        "the ratio by +-30%; the extra MACs are the reliable cost figure).",
         "",
         "| model | Inductor peak MiB | ours MiB | change | modelled == measured | extra MACs | "
         "extra cost | bitwise | time Inductor / ours ms | order certified | recomputed |",
