@@ -1,11 +1,11 @@
-"""Benchmark of the min-cut lower bounds and the exact search (SPEC 3.2).
+"""Benchmark of the min-cut lower bounds and the exact search (torch_replay.schedule).
 
-Reproduces the source's random-DAG table (how often max(F,R), F, R and the
+Reproduces the published random-DAG table (how often max(F,R), F, R and the
 event cut EC equal the optimum on 800 random DAGs; worst OPT/bound ratio), an
 adversarial local search over 13-vertex DAGs for the worst ratio, and the speed
 target (both trap bounds on a 259-unit graph in under 1 s).
 
-Generators (the source only says "random DAGs"; both are reported):
+Generators (the published table only says "random DAGs"; both are reported):
   buffer model (headline, the shape of compiled unit graphs): n uniform in
     [6, 16] units in a random topological order; 0-2 graph inputs; each unit
     produces 0-2 buffers (mean 1); each buffer is read by 0-3 random later
@@ -18,7 +18,10 @@ Generators (the source only says "random DAGs"; both are reported):
 The optimum comes from the exhaustive DP over downsets.
 
 Run:
+    .venv/bin/python benchmarks/bench_bounds.py                  # prints only
+    .venv/bin/python benchmarks/bench_bounds.py --graphs 50 --restarts 2 --steps 100   # small run
     .venv/bin/python benchmarks/bench_bounds.py --out benchmarks/results/bounds.md
+Nothing is written without --out.
 """
 
 from __future__ import annotations
@@ -301,19 +304,23 @@ def speed(seed: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     global CORE
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--graphs", type=int, default=800)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--restarts", type=int, default=20)
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--out", type=Path, default=None)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--graphs", type=int, default=800, help="random DAGs per generator")
+    parser.add_argument("--seed", type=int, default=0, help="first seed")
+    parser.add_argument(
+        "--restarts", type=int, default=20, help="adversarial local search: restarts"
+    )
+    parser.add_argument("--steps", type=int, default=1000, help="adversarial search: steps each")
+    parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     args = parser.parse_args(argv)
     CORE = schedule._core()
     command = "PYTHONPATH=. .venv/bin/python benchmarks/bench_bounds.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     out = [
-        "# Lower bounds and certification (SPEC 3.2)",
+        "# Lower bounds and certification (design.md §3.2)",
         "",
         f"Command: `{command.strip()}`",
         "",

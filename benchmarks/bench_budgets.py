@@ -8,7 +8,7 @@ versions; ``dense``: every segment rewrites the whole buffer, write ratio 1):
 
 1. its segments are calibrated in a fresh process (``measure_segments``: one
    option on every segment, per-segment retained / transient / time);
-2. budgets are derived from those costs so that the source's three regimes
+2. budgets are derived from those costs so that three regimes
    appear: ``eager fits`` (budget = the all-eager peak), ``eager/whole
    infeasible`` (halfway between the joint and the eager/whole minimum
    budgets) and ``pressure`` (halfway between the eager/whole minimum and the
@@ -45,7 +45,7 @@ import torch  # noqa: E402
 import torch_replay as tr  # noqa: E402
 from torch_replay import calibrate as cal  # noqa: E402
 from torch_replay.planned import PlannedSequential  # noqa: E402
-from torch_replay.planner import Option  # noqa: E402
+from torch_replay.planner import Option, plan_peak  # noqa: E402
 
 MIB = 2**20
 WORKLOADS = {
@@ -57,7 +57,7 @@ ABBREV = {"eager": "E", "snapshot": "S", "journal": "J", "readset": "R", "guard"
 
 def build(workload: str):
     spec, kwargs = WORKLOADS[workload]
-    return cal._resolve_factory(spec)(**kwargs)
+    return cal.resolve_factory(spec)(**kwargs)
 
 
 # --------------------------------------------------------------------- children
@@ -75,7 +75,7 @@ def child_run(workload: str, choices: list[str], steps: int, track: bool) -> dic
     model = PlannedSequential(w.segments, state=w.state, choices=choices)
     static = model.default_persistent()
     model.profile_step(w.make_input(), track_memory=False)  # warm-up
-    physical = cal._PhysicalPeak("cpu")
+    physical = cal.PhysicalPeak("cpu")
     physical.start()
     times = []
     for _ in range(steps):
@@ -111,7 +111,7 @@ def options_of(cost: dict) -> list[list[Option]]:
 
 def fixed_peak(opts: list[list[Option]], choices: list[str], persistent: int) -> int:
     chosen = [next(o for o in seg if o.name == c) for seg, c in zip(opts, choices, strict=True)]
-    return persistent + sum(o.retained for o in chosen) + max(o.transient for o in chosen)
+    return plan_peak(chosen, persistent)
 
 
 def fixed_time(opts: list[list[Option]], choices: list[str]) -> float:

@@ -2,7 +2,12 @@
 
     python benchmarks/bench_checkpoint.py overhead  [--reps 15] [--device cuda]
     python benchmarks/bench_checkpoint.py journal   [--reps 3] [--mib 256]
+    python benchmarks/bench_checkpoint.py all --quick      # small run: a minute or two, prints only
     python benchmarks/bench_checkpoint.py all --out benchmarks/results/checkpoint.md
+
+Nothing is written unless --out is given (then also <out>.json, the results kept between
+partial runs). The full run takes tens of minutes on a small CPU; --quick measures a
+256-wide model with 3 repetitions and a 16 MiB buffer with 1 and 8 live versions.
 
 overhead: torch_replay.checkpoint vs torch.utils.checkpoint on a pure model (no state):
     median step time (forward + backward) over interleaved repetitions, and the peak of
@@ -13,7 +18,9 @@ journal: region journal vs whole snapshot on one declared buffer (--mib MiB) at 
     share of the buffer, all alive until backward). Each configuration runs in a fresh
     process; peak = the process's peak RSS during the measured steps (VmHWM, reset through
     /proc/self/clear_refs after a warm-up) minus its RSS at that reset (so it counts what
-    preservation adds, plus activations), step time = median.
+    preservation adds, plus activations), step time = median. `--where outside`: the
+    segments only read the buffer and the writes happen in the training loop, after each
+    segment and before backward (a MoCo enqueue); the journal copies on write there too.
 """
 
 from __future__ import annotations
@@ -145,7 +152,9 @@ def peak_rss() -> int:
     return _status_kib("VmHWM") * 1024
 
 
-def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int) -> dict:
+def journal_child(
+    engine: str, mib: int, ratio: float, versions: int, reps: int, where: str = "inside"
+) -> dict:
     row = 4096  # bytes per row (1024 float32)
     rows = mib * 2**20 // row
     buf = torch.zeros(rows, row // 4)
@@ -154,12 +163,16 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
     x = torch.randn(32, 64, requires_grad=True)
     w = max(1, int(round(ratio * rows)))
 
-    def seg(inp, i):
+    def write(i):
         start = (i * w) % rows
         end = min(rows, start + w)
-        s = buf[start, :64]  # a small read
         with torch.no_grad():
             buf[start:end] = float(i)  # the sparse (or dense) write
+
+    def seg(inp, i):
+        s = buf[(i * w) % rows, :64]  # a small read
+        if where == "inside":
+            write(i)
         return torch.tanh(lin(inp) * s)
 
     # Warm up (imports, first-call allocations) with a cheap configuration, then take
@@ -180,6 +193,8 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
                 + tr.checkpoint(seg, x, i, state=[buf], engine=engine, use_reentrant=False).sum()
             )
             txns.append(tr.last_transaction())
+            if where == "outside":
+                write(i)  # in the training loop, before backward
         retained = (
             sum(t.retained_bytes for t in txns)
             if engine == "snapshot"
@@ -197,7 +212,7 @@ def journal_child(engine: str, mib: int, ratio: float, versions: int, reps: int)
     }
 
 
-def _run_child(engine, mib_, ratio, versions, reps) -> dict:
+def _run_child(engine, mib_, ratio, versions, reps, where="inside") -> dict:
     cmd = [
         sys.executable,
         __file__,
@@ -207,6 +222,7 @@ def _run_child(engine, mib_, ratio, versions, reps) -> dict:
         str(ratio),
         str(versions),
         str(reps),
+        where,
     ]
     proc = subprocess.run(cmd, text=True, capture_output=True)
     if proc.returncode != 0:
@@ -215,15 +231,18 @@ def _run_child(engine, mib_, ratio, versions, reps) -> dict:
     return json.loads(proc.stdout.splitlines()[-1])
 
 
-def bench_journal(reps: int, mib_: int, versions_list, ratios, rows: dict) -> dict:
-    """Measure the grid (or part of it); rows is keyed by "versions/ratio" and updated."""
+def bench_journal(
+    reps: int, mib_: int, versions_list, ratios, rows: dict, where: str = "inside"
+) -> dict:
+    """Measure the grid (or part of it); rows is keyed by "where/versions/ratio" and
+    updated."""
     for versions in versions_list:
         for ratio in ratios:
             res = {}
             for engine in ("snapshot", "journal"):
                 r = reps if versions < 64 else max(1, reps // 2)
-                res[engine] = _run_child(engine, mib_, ratio, versions, r)
-            row = {"versions": versions, "write_ratio": ratio, "mib": mib_, **res}
+                res[engine] = _run_child(engine, mib_, ratio, versions, r, where)
+            row = {"versions": versions, "write_ratio": ratio, "mib": mib_, "where": where, **res}
             if "error" not in res["snapshot"] and "error" not in res["journal"]:
                 s_, j_ = res["snapshot"], res["journal"]
                 row["peak_ratio"] = j_["peak_rss_delta"] / max(1, s_["peak_rss_delta"])
@@ -231,7 +250,7 @@ def bench_journal(reps: int, mib_: int, versions_list, ratios, rows: dict) -> di
                     j_["retained_bytes"] + j_["replay_transient_bytes"]
                 ) / max(1, s_["retained_bytes"] + s_["replay_transient_bytes"])
                 row["time_ratio"] = j_["median_s"] / s_["median_s"]
-            rows[f"{versions}/{ratio}"] = row
+            rows[f"{where}/{versions}/{ratio}"] = row
             print(json.dumps(row), flush=True)
     return rows
 
@@ -270,22 +289,26 @@ def markdown(overhead, journal, args) -> str:
             "",
             "## Region journal vs whole snapshot (one declared buffer)",
             "",
-            "| buffer MiB | live versions | write ratio | snapshot peak MiB | journal peak MiB "
-            "| peak ratio (RSS) | peak ratio (model) | snapshot step s | journal step s "
-            "| time ratio |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| writes | buffer MiB | live versions | write ratio | snapshot peak MiB "
+            "| journal peak MiB | peak ratio (RSS) | peak ratio (model) | snapshot step s "
+            "| journal step s | time ratio |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for r in sorted(journal.values(), key=lambda r: (r["versions"], r["write_ratio"])):
+        for r in sorted(
+            journal.values(),
+            key=lambda r: (r.get("where", "inside"), r["versions"], r["write_ratio"]),
+        ):
             s_, j_ = r["snapshot"], r["journal"]
             if "error" in s_ or "error" in j_:
                 lines.append(
-                    f"| {r['mib']} | {r['versions']} | {r['write_ratio']} | "
-                    f"{s_.get('error', mib(s_.get('peak_rss_delta', 0)))} | "
+                    f"| {r.get('where', 'inside')} | {r['mib']} | {r['versions']} | "
+                    f"{r['write_ratio']} | {s_.get('error', mib(s_.get('peak_rss_delta', 0)))} | "
                     f"{j_.get('error', mib(j_.get('peak_rss_delta', 0)))} | | | | | |"
                 )
                 continue
             lines.append(
-                f"| {r['mib']} | {r['versions']} | {r['write_ratio']} | {mib(s_['peak_rss_delta'])} | "
+                f"| {r.get('where', 'inside')} | {r['mib']} | {r['versions']} | "
+                f"{r['write_ratio']} | {mib(s_['peak_rss_delta'])} | "
                 f"{mib(j_['peak_rss_delta'])} | {r['peak_ratio']:.4f} | {r['model_peak_ratio']:.4f} | "
                 f"{s_['median_s']:.3f} | {j_['median_s']:.3f} | {r['time_ratio']:.3f} |"
             )
@@ -294,17 +317,37 @@ def markdown(overhead, journal, args) -> str:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_child":
-        engine, mb, ratio, versions, reps = sys.argv[2:7]
-        print(json.dumps(journal_child(engine, int(mb), float(ratio), int(versions), int(reps))))
+        engine, mb, ratio, versions, reps, where = sys.argv[2:8]
+        print(
+            json.dumps(
+                journal_child(engine, int(mb), float(ratio), int(versions), int(reps), where)
+            )
+        )
         return 0
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("what", choices=["overhead", "journal", "all", "report"])
-    p.add_argument("--reps", type=int, default=None)
-    p.add_argument("--mib", type=int, default=256)
+    p.add_argument(
+        "what",
+        choices=["overhead", "journal", "all", "report"],
+        help="overhead, journal, both, or report (reprint the table from --json)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small run: --reps 3 --mib 16 --versions 1,8 --width 256",
+    )
+    p.add_argument(
+        "--reps", type=int, default=None, help="repetitions (default: overhead 15, journal 3)"
+    )
+    p.add_argument("--mib", type=int, default=256, help="journal: declared buffer size in MiB")
     p.add_argument("--versions", default="1,8,64", help="live versions to measure")
     p.add_argument("--ratios", default="0.001,0.01,0.1,1", help="write ratios to measure")
+    p.add_argument(
+        "--where",
+        default="inside,outside",
+        help="journal: where the writes happen: inside the segments, outside (training loop)",
+    )
     p.add_argument(
         "--json",
         default=None,
@@ -314,6 +357,8 @@ def main() -> int:
     p.add_argument("--device", default="cpu", help="overhead: cpu or cuda")
     p.add_argument("--width", type=int, default=1024, help="overhead: model width (small run: 256)")
     a = p.parse_args()
+    if a.quick:
+        a.reps, a.mib, a.versions, a.width = a.reps or 3, 16, "1,8", 256
     data = {"overhead": None, "journal": {}}
     if a.json is None and a.out:
         a.json = os.path.splitext(a.out)[0] + ".json"
@@ -326,7 +371,8 @@ def main() -> int:
     if a.what in ("journal", "all"):
         versions = [int(v) for v in a.versions.split(",")]
         ratios = [float(r) for r in a.ratios.split(",")]
-        bench_journal(a.reps or 3, a.mib, versions, ratios, data["journal"])
+        for where in a.where.split(","):
+            bench_journal(a.reps or 3, a.mib, versions, ratios, data["journal"], where)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(data, f, indent=1)

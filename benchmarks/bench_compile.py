@@ -137,7 +137,9 @@ def _run(name: str, backend: str, cache: str) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3, help="cold+warm process pairs per cell")
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument(
+        "--models", default=",".join(MODELS), help="comma-separated models (small run: one)"
+    )
     ap.add_argument("--out", default=None, help="write the markdown table here")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -1,4 +1,4 @@
-"""Benchmark of the Inductor wrapper-permutation pass (SPEC 3.3), CPU FP32, one thread.
+"""Benchmark of the Inductor wrapper-permutation pass (torch.compile backend), CPU FP32, one thread.
 
 For each model and each compiled graph: the measured peak of Inductor's program
 with ``reorder_for_peak_memory`` on (the default) and off, the peak of our
@@ -17,7 +17,11 @@ Run:
     nice -n 10 .venv/bin/python benchmarks/bench_inductor.py [--size small|full]
         [--tv-size 224] [--deeplab-size 512] [--train-size 224] [--name inductor.md]
         [--out benchmarks/results]
-prints the table; with --out, writes <out>/<name> (rewritten after every model).
+prints the table; with --out, writes <out>/<name> (rewritten after every model); nothing is
+written without --out.
+
+Small run (a minute or two on a small CPU): ``--only mcu`` (the two MCU CNNs), or any
+substring of a model name, with the default ``--size small``; all models take much longer.
 """
 
 from __future__ import annotations
@@ -344,7 +348,7 @@ def command_line():
 
 def write_table(path, all_rows, failures, started, done):
     lines = [
-        "# Inductor wrapper permutation (SPEC 3.3): CPU FP32, one thread",
+        "# Inductor wrapper permutation (design.md §3.3): CPU FP32, one thread",
         "",
         f"Command: `{command_line()}`",
         "",
@@ -428,8 +432,15 @@ def write_table(path, all_rows, failures, started, done):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--size", default="small", choices=["small", "full"])
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--size",
+        default="small",
+        choices=["small", "full"],
+        help="stand-in model sizes when torchvision is absent (default small)",
+    )
     ap.add_argument("--tv-size", type=int, default=224, help="ResNet50/MobileNetV2 input side")
     ap.add_argument("--deeplab-size", type=int, default=512, help="DeepLabV3 input side")
     ap.add_argument("--train-size", type=int, default=224, help="ResNet18 training input side")

@@ -14,7 +14,12 @@ per-op:   one segment of ``2 * ops`` tiny operators (``x * c + d`` on 16 floats)
 small-op: 64 segments of a 6-operator elementwise block on a 32x32 tensor (the case where
           the observer's per-operator cost shows), ``use_reentrant`` False and True.
 gpt:      a 6-layer GPT-style model (d=256, 4 heads, sequence 128, batch 4), every block
-          checkpointed, one training step.
+          checkpointed, one training step: without state, with ``state=[block]`` (engine
+          auto: the copy-on-write journal, which turns the write watch on), and with
+          ``tr.config.detect = "preserve"`` (undeclared reads journaled, watch on).
+kept:     the README's usage ``tr.checkpoint(block, x, state=[block])`` on 4 blocks of 16 MiB
+          of parameters: engine bytes held between forward and backward
+          (``tr.engine_bytes()``) per engine, and under ``detect="preserve"``.
 
 Time ratios are torch_replay / torch.utils.checkpoint. ``--quick`` runs fewer operators
 and repetitions (a smoke run). Nothing is written unless ``--out`` is given.
@@ -173,15 +178,68 @@ def bench_gpt(reps: int, layers: int = 6, d: int = 256, seq: int = 128, batch: i
 
         return run
 
-    med = _interleaved({"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}, reps)
+    def with_state(blk, h, use_reentrant):
+        return tr.checkpoint(blk, h, use_reentrant=use_reentrant, state=[blk])
+
+    def preserving(fn):
+        def run():
+            old = tr.config.detect
+            tr.config.detect = "preserve"
+            try:
+                fn()
+            finally:
+                tr.config.detect = old
+
+        return run
+
+    med = _interleaved(
+        {
+            "torch": step(tcp.checkpoint),
+            "torch_replay": step(tr.checkpoint),
+            "state": step(with_state),
+            "preserve": preserving(step(tr.checkpoint)),
+        },
+        reps,
+    )
     return {
         "torch_s": med["torch"],
         "ours_s": med["torch_replay"],
         "ratio": med["torch_replay"] / med["torch"],
+        "state_s": med["state"],
+        "state_ratio": med["state"] / med["torch"],
+        "preserve_s": med["preserve"],
+        "preserve_ratio": med["preserve"] / med["torch"],
     }
 
 
-def markdown(per_op, small, gpt, argv) -> str:
+def bench_kept(blocks: int = 4, width: int = 2048) -> list[dict]:
+    """Engine bytes held from forward to backward by ``state=[block]`` (README usage)."""
+    torch.manual_seed(0)
+    model = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.Tanh()) for _ in range(blocks))
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    x = torch.randn(8, width, requires_grad=True)
+    rows = []
+    for engine in ("snapshot", "readset", "auto", "preserve"):
+        old = tr.config.detect
+        if engine == "preserve":
+            tr.config.detect = "preserve"
+        try:
+            base = tr.engine_bytes()
+            h = x
+            for blk in model:
+                if engine == "preserve":
+                    h = tr.checkpoint(blk, h, use_reentrant=False)
+                else:
+                    h = tr.checkpoint(blk, h, use_reentrant=False, state=[blk], engine=engine)
+            kept = tr.engine_bytes() - base
+            h.sum().backward()
+        finally:
+            tr.config.detect = old
+        rows.append({"engine": engine, "kept_bytes": kept, "parameter_bytes": params})
+    return rows
+
+
+def markdown(per_op, small, gpt, kept, argv) -> str:
     lines = [
         f"Command: `python benchmarks/bench_observer.py {' '.join(argv)}`",
         "",
@@ -213,10 +271,26 @@ def markdown(per_op, small, gpt, argv) -> str:
         "",
         "## GPT-style model (6 blocks, d=256, 4 heads, sequence 128, batch 4, dropout)",
         "",
-        "| torch s | torch_replay s | ratio |",
-        "|---|---|---|",
-        f"| {gpt['torch_s']:.4f} | {gpt['ours_s']:.4f} | {gpt['ratio']:.3f} |",
+        "| variant | torch s | torch_replay s | ratio |",
+        "|---|---|---|---|",
+        f"| no state | {gpt['torch_s']:.4f} | {gpt['ours_s']:.4f} | {gpt['ratio']:.3f} |",
+        f"| `state=[block]` (auto: journal, write watch on) | {gpt['torch_s']:.4f} | "
+        f"{gpt['state_s']:.4f} | {gpt['state_ratio']:.3f} |",
+        f'| `detect="preserve"`, no state (write watch on) | {gpt["torch_s"]:.4f} | '
+        f"{gpt['preserve_s']:.4f} | {gpt['preserve_ratio']:.3f} |",
+        "",
+        "## Bytes kept from forward to backward: `tr.checkpoint(block, x, state=[block])`",
+        "",
+        "4 blocks `Linear(2048, 2048) + Tanh` (256 wide with --quick), "
+        f"{kept[0]['parameter_bytes'] / 2**20:.1f} MiB of parameters in all "
+        "(`tr.engine_bytes()` after the forward).",
+        "",
+        "| engine | kept MiB |",
+        "|---|---|",
     ]
+    for r in kept:
+        name = '`detect="preserve"`, no state' if r["engine"] == "preserve" else r["engine"]
+        lines.append(f"| {name} | {r['kept_bytes'] / 2**20:.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -232,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     per_op = bench_per_op(50 if a.quick else 500, reps)
     small = bench_small_ops(8 if a.quick else 64, reps)
     gpt = bench_gpt(reps, layers=2 if a.quick else 6)
-    md = markdown(per_op, small, gpt, sys.argv[1:] if argv is None else argv)
+    kept = bench_kept(width=256 if a.quick else 2048)
+    md = markdown(per_op, small, gpt, kept, sys.argv[1:] if argv is None else argv)
     print(md)
     if a.out:
         with open(a.out, "w") as f:

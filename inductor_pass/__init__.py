@@ -2,7 +2,7 @@
 
 ``import inductor_pass`` registers the ``torch_replay`` backend, so that
 ``torch.compile(model, backend="torch_replay")`` runs Inductor and then the
-post-codegen pass on every forward, backward and inference graph (SPEC 3, 5).
+post-codegen pass on every forward, backward and inference graph.
 Every graph gets a report (:func:`reports`); ``TORCH_REPLAY_REPORT=1`` prints
 them and ``TORCH_REPLAY_DUMP=DIR`` writes the original and permuted wrappers.
 Any failure inside the pass leaves the graph's program unchanged.

@@ -1,4 +1,4 @@
-"""Per-graph reports of the pass (SPEC section 5)."""
+"""Per-graph reports of the pass."""
 
 from __future__ import annotations
 
@@ -119,6 +119,34 @@ class GraphReport:
                 else ""
             )
         )
+
+    def __str__(self) -> str:
+        """A short table: the two programs' modelled and measured peaks, the bound, the verdict."""
+
+        def mib(x: int | None) -> str:
+            return "-" if x is None else f"{x / 2**20:.3f}"
+
+        status = "DEPLOYED" if self.deployed else "unchanged"
+        lines = [
+            f"torch_replay graph {self.graph_id} ({self.kind}, {self.device}): {status}, "
+            f"program {self.variant}",
+            f"  {'peak MiB':<16}{'modelled':>10}{'measured':>10}",
+            f"  {'Inductor':<16}{mib(self.modelled_original_peak):>10}"
+            f"{mib(self.measured_original_peak):>10}",
+            f"  {'permuted':<16}{mib(self.modelled_permuted_peak):>10}"
+            f"{mib(self.measured_permuted_peak):>10}",
+            f"  {'lower bound':<16}{mib(self.lower_bound):>10}"
+            + ("   (certified optimal)" if self.certified else ""),
+            f"  byte-exact {self.byte_exact}, bitwise identical {self.bitwise_identical}, "
+            f"{self.num_units} units, owned inputs {self.owned_inputs}/{self.num_inputs}",
+        ]
+        if self.reason:
+            lines.append(f"  why: {self.reason}")
+        for note in self.notes[:3]:
+            lines.append(f"  note: {note}")
+        if len(self.notes) > 3:
+            lines.append(f"  … {len(self.notes) - 3} more notes ({len(self.notes)} in all)")
+        return "\n".join(lines)
 
 
 _REPORTS: list[GraphReport] = []

@@ -1,4 +1,4 @@
-"""The pass on one wrapper: profile, model, search, guard, and the deploy rule (SPEC 3.1).
+"""The pass on one wrapper: profile, model, search, guard, and the deploy rule (design.md §3.1).
 
 Deploy rule (CPU, Theorem 1): the permuted program replaces the original only
 when (1) the profiled run shows effect completeness (no undeclared write) and

@@ -1,4 +1,4 @@
-"""Units, storages, dependences, emission and the byte-exact peak model (SPEC 3.1).
+"""Units, storages, dependences, emission and the byte-exact peak model (design.md §3.1).
 
 Note [Wrapper memory model]
 A *storage* is one allocation (keyed by its data pointer in the profiled run).
@@ -308,7 +308,7 @@ def build_dependences(
 def emit(
     model: ProgramModel, unit_order: list[int], attached: dict[int, list[int]], tail: list[int]
 ) -> list[int]:
-    """Statement order for a unit order (SPEC 3.1 emission rules).
+    """Statement order for a unit order (design.md §3.1 emission rules).
 
     Args:
         model: The program model.

@@ -1,4 +1,4 @@
-"""Parse an Inductor Python wrapper into classified statements (SPEC 3.1).
+"""Parse an Inductor Python wrapper into classified statements (design.md §3.1).
 
 The wrapper's ``call`` (a module-level function or ``Runner.call``) is parsed
 with :mod:`ast`. Its *region* is the statement list that the pass may permute:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up everything (scripts/setup.sh), then runs every test: lint, the C++
 # core's GoogleTest suite (CTest), the CUDA kernels (compiled with nvcc where
-# it exists, run where a GPU exists), pytest, and the GPU check's dry run.
+# it exists, run where a GPU exists), the docs (Sphinx -W and doctests), pytest, and the
+# GPU check's dry run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -40,6 +41,10 @@ if command -v nvcc >/dev/null 2>&1; then
 else
   echo "nvcc not found: CUDA kernels not compiled here"
 fi
+
+echo "== docs (Sphinx with warnings as errors; every example in the pages runs as a doctest)"
+"$PY" -m sphinx -W -q -b html docs build/docs/html
+"$PY" -m sphinx -W -q -b doctest docs build/docs/doctest
 
 echo "== pytest"
 "$PY" -m pytest -q tests "$@"

@@ -143,8 +143,8 @@ def test_buffers_mutated_in_forward(planted):
     assert set(s.mutated_in_forward) == {"counts.calls (buffer)", "counts.ema (buffer)"}
     assert not s.torch_checkpoint_exact
     assert set(s.state) == {"counts.calls (buffer)", "counts.ema (buffer)"}
-    # Everything declared was touched: auto's read-set is the whole snapshot.
-    assert s.auto_engine == "snapshot" and s.retained_bytes == 8 + 6 * 4
+    # auto journals the old bytes of what the segment writes: both buffers, once.
+    assert s.auto_engine == "journal" and s.retained_bytes == 8 + 6 * 4
 
 
 def test_non_input_read_mutated_later(planted):
@@ -289,7 +289,7 @@ def test_resnet18_train_mode_batchnorm():
     assert "layer1.0.bn1.running_mean (buffer)" in s.mutated_in_forward
     assert "layer1.0.bn1.num_batches_tracked (buffer)" in s.mutated_in_forward
     assert not s.torch_checkpoint_exact
-    assert s.auto_engine == "snapshot"  # every declared byte (the BN buffers) is touched
+    assert s.auto_engine == "journal"  # the BN buffers are written: their old bytes
     bn_bytes = sum(b.numel() * b.element_size() for n, b in m.layer1.named_buffers())
     assert s.retained_bytes == bn_bytes
     assert r["fc"].torch_checkpoint_exact and r["fc"].auto_engine == "guard"
@@ -440,4 +440,4 @@ def test_report_prints_the_verdict():
     torch.manual_seed(0)
     text = str(audit(ResNet18().train(), torch.randn(2, 3, 32, 32)))
     assert "[layer1] Sequential: torch.utils.checkpoint NOT exact" in text
-    assert "engine auto -> snapshot" in text
+    assert "engine auto -> journal" in text

@@ -208,7 +208,8 @@ def test_summary_table(doc):
 
 
 def test_cli_isolated(tmp_path):
-    cfg = tiny(isolate=True, model=None, options=["eager", "snapshot"])
+    # With the model section: run as ``python -m``, the factory's Workload must be accepted.
+    cfg = tiny(isolate=True, options=["eager", "snapshot"])
     cfg["grid"] = {**cfg["grid"], "write_ratios": [0.01], "live_versions": [2]}
     path = tmp_path / "c.yaml"
     path.write_text(json.dumps(cfg))
@@ -237,3 +238,4 @@ def test_cli_isolated(tmp_path):
         == (doc["grid"][0]["buffer_bytes"])
     )
     assert ("matplotlib is not importable" in proc.stdout) or (tmp_path / "p.png").exists()
+    assert len(doc["model"]["fingerprint"]["segments"]) == 3

@@ -369,11 +369,26 @@ class MoCoHead(nn.Module):
             self.ptr = (self.ptr + n) % self.queue.shape[0]
 
 
+@pytest.fixture
+def detect_level():
+    old = tr.config.detect
+    yield lambda level: setattr(tr.config, "detect", level)
+    tr.config.detect = old
+
+
 @pytest.mark.parametrize("reentrant", REENTRANT)
-def test_journal_preserves_a_queue_enqueued_outside_segments(reentrant):
+@pytest.mark.parametrize("how", ["journal", "auto", "preserve"])
+def test_queue_enqueued_outside_segments_is_preserved(reentrant, how, detect_level):
     """Note [Write watch]: the enqueue in the training loop is journaled before it
     overwrites the rows, so the re-run sees the forward's queue and the journal keeps
-    about the written rows, not the queue."""
+    about the written rows, not the queue. The queue is declared with
+    engine="journal" or "auto", or not declared at all under
+    tr.config.detect = "preserve" (Note [Preserved reads])."""
+    if how == "preserve":
+        detect_level("preserve")
+        options = {}
+    else:
+        options = {"engine": how}
 
     def run(ckpt):
         torch.manual_seed(0)
@@ -382,9 +397,8 @@ def test_journal_preserves_a_queue_enqueued_outside_segments(reentrant):
         losses = []
         for step in range(3):
             if ckpt:
-                y = tr.checkpoint(
-                    head, x, use_reentrant=reentrant, state=[head.queue], engine="journal"
-                )
+                state = None if how == "preserve" else [head.queue]
+                y = tr.checkpoint(head, x, use_reentrant=reentrant, state=state, **options)
             else:
                 y = head(x)
             keys = torch.randn(8, 16)
@@ -406,6 +420,54 @@ def test_journal_preserves_a_queue_enqueued_outside_segments(reentrant):
     assert [loss for loss, _ in ours_losses] == [loss for loss, _ in ref_losses]
     row_bytes = 8 * 16 * 4  # one enqueue of 8 keys
     assert all(kept == row_bytes for _, kept in ours_losses)  # not the 16 KiB queue
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+def test_without_preserve_the_same_queue_is_refused(reentrant, detect_level):
+    detect_level("reads")
+    head = MoCoHead()
+    x = torch.randn(8, 16, requires_grad=True)
+    y = tr.checkpoint(head, x, use_reentrant=reentrant)
+    head.enqueue(torch.randn(8, 16))
+    with pytest.raises(tr.StateMutationError, match="queue"):
+        y.sum().backward()
+
+
+def test_preserve_refuses_a_write_that_bypasses_the_dispatcher(detect_level):
+    detect_level("preserve")
+    head = MoCoHead()
+    x = torch.randn(8, 16, requires_grad=True)
+    y = tr.checkpoint(head, x, use_reentrant=False)
+    head.queue.numpy()[:4] *= 2.0  # raw memory: no operator, nothing journaled
+    before = storage_bytes(head.queue)
+    with pytest.raises(tr.StateMutationError, match="bypassed the dispatcher"):
+        y.sum().backward()
+    assert storage_bytes(head.queue) == before
+
+
+def test_preserve_keeps_parameters_it_only_reads_at_no_cost(detect_level):
+    detect_level("preserve")
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.Tanh()) for _ in range(3)])
+    x = torch.randn(4, 32, requires_grad=True)
+    h = x
+    for b in blocks:
+        h = tr.checkpoint(b, h, use_reentrant=False)
+    assert tr.last_transaction().retained_bytes == 0
+    ref_model = [p.detach().clone() for p in blocks.parameters()]
+    with torch.no_grad():  # e.g. an EMA update of the weights before backward
+        for p in blocks.parameters():
+            p.mul_(0.5)
+    h.pow(2).sum().backward()
+    got = grads(x, *blocks.parameters())
+    # Eager on the forward-time weights.
+    clone = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.Tanh()) for _ in range(3)])
+    with torch.no_grad():
+        for p, v in zip(clone.parameters(), ref_model, strict=True):
+            p.copy_(v)
+    x2 = x.detach().clone().requires_grad_(True)
+    clone(x2).pow(2).sum().backward()
+    assert_bitwise(got, grads(x2, *clone.parameters()))
 
 
 def test_journal_refuses_a_write_that_bypasses_the_dispatcher():
@@ -553,14 +615,43 @@ def test_guard_refuses_changed_state_and_keeps_nothing():
     assert storage_bytes(m.shift) == before
 
 
-def test_auto_picks_readset_for_a_partial_footprint():
+def test_auto_keeps_nothing_for_state_it_only_reads():
+    # Copy-on-write: nothing is kept until something writes the state before
+    # backward, and then only the old bytes of what was written.
+    torch.manual_seed(0)
     big = torch.randn(1000)
     x = torch.randn(10, requires_grad=True)
-    y = tr.checkpoint(lambda a: torch.tanh(a + big[:10]), x, state=[big], use_reentrant=False)
+    y = tr.checkpoint(lambda a: torch.tanh(a * big[:10]), x, state=[big], use_reentrant=False)
     txn = tr.last_transaction()
-    assert txn.engine == "readset"
-    assert txn.retained_bytes == 10 * 4
+    assert txn.engine == "journal"
+    assert txn.retained_bytes == 0
+    ref = torch.autograd.grad(torch.tanh(x * big[:10].clone()).sum(), x)[0]
+    big[5:20].mul_(3.0)  # outside any segment, before backward
+    assert txn.retained_bytes == 15 * 4
+    after = storage_bytes(big)
     y.sum().backward()
+    assert torch.equal(x.grad, ref)
+    assert storage_bytes(big) == after
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+def test_readme_usage_keeps_no_copy_of_parameters(reentrant):
+    # tr.checkpoint(block, x, state=[block]): the blocks only read their
+    # parameters, so nothing is kept from forward to backward.
+    torch.manual_seed(0)
+    blocks = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(4)])
+    x = torch.randn(8, 64, requires_grad=True)
+    base = tr.engine_bytes()
+    h = x
+    for b in blocks:
+        h = tr.checkpoint(b, h, state=[b], use_reentrant=reentrant)
+    assert tr.engine_bytes() == base
+    h.pow(2).sum().backward()
+    got = grads(x, *blocks.parameters())
+    x.grad = None
+    blocks.zero_grad()
+    blocks(x).pow(2).sum().backward()
+    assert_bitwise(got, grads(x, *blocks.parameters()))
 
 
 # ---------------------------------------------------------------- replay checks

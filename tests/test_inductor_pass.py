@@ -1,4 +1,4 @@
-"""Tests of the Inductor post-codegen pass (inductor_pass, SPEC 3.1 and 5)."""
+"""Tests of the Inductor post-codegen pass (inductor_pass, design.md §3.1 and 5)."""
 
 from __future__ import annotations
 

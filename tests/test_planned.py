@@ -99,8 +99,17 @@ def test_fixed_choices_report_predicted_peak(costs):
     w = workload()
     model = PlannedSequential(w.segments, state=w.state, costs=opts, choices=["journal"] * 4)
     assert model.plan is None
-    assert model.predicted_peak == model.persistent + sum(s[2].retained for s in opts) + max(
-        s[2].transient for s in opts
+    journal = [s[2] for s in opts]
+    assert all(o.name == "journal" for o in journal)
+    # Each segment's own retained bytes, the shared log once (its largest part: the
+    # log kept from the first segment's start holds every later one's).
+    logs = [o.preserved for o in journal]
+    assert logs[0] == max(logs)
+    assert model.predicted_peak == (
+        model.persistent
+        + sum(o.retained - o.preserved for o in journal)
+        + logs[0]
+        + max(o.transient for o in journal)
     )
     assert "journal" in repr(model)
 

@@ -19,6 +19,7 @@ import torch
 import torch_replay._C as C
 
 from torch_replay import suites
+from torch_replay.verify import cohort, cohort_jax, cohort_program, report
 
 
 @pytest.mark.parametrize(
@@ -47,7 +48,7 @@ def test_cohort_pattern_at_ci_size(monkeypatch):
     # One record per execution: eager + 9 methods x (RNG on, off), overlap: eager + 9.
     assert len(r.records) == 2 * (4 * 19 + 10)
     assert r.measured["jax"].startswith("not installed: JAX family skipped")
-    assert "JAX: not installed" in suites._markdown([r], "cmd")
+    assert "JAX: not installed" in report._markdown([r], "cmd")
 
 
 def _overlap_as_temporary(spec):
@@ -67,16 +68,16 @@ def test_jax_cohort_pattern():
         # One small seed (width 4, a typed-alias write) as each kind: the programs share
         # most operations, so JAX compiles each eager op once (CI time).
         for kind in ("local", "hidden", "overlap"):
-            spec = suites._cohort_spec(4200018, kind)
+            spec = cohort_program._cohort_spec(4200018, kind)
             if kind == "overlap":
                 with pytest.raises(RuntimeError):  # torch refuses the raw overlapping copy...
-                    suites._run_cohort(spec, "eager", True)
+                    cohort_program._run_cohort(spec, "eager", True)
             # ...so JAX's functional copy is compared with the copy through a temporary.
-            torch_ref = suites._run_cohort(_overlap_as_temporary(spec), "eager", True)
-            recs = suites._cohort_jax(spec, torch_ref)
+            torch_ref = cohort_program._run_cohort(_overlap_as_temporary(spec), "eager", True)
+            recs = cohort_jax._cohort_jax(spec, torch_ref)
             by = {r["method"]: r for r in recs}
-            assert [r["method"] for r in recs] == list(suites.JAX_METHODS)
-            right = (*suites.JAX_FUNCTIONAL, "jax-torch-draws", "jax-holder-eager")
+            assert [r["method"] for r in recs] == list(cohort_jax.JAX_METHODS)
+            right = (*cohort_jax.JAX_FUNCTIONAL, "jax-torch-draws", "jax-holder-eager")
             assert {m: by[m]["outcome"] for m in right} == dict.fromkeys(right, "matched")
             assert by["jax-checkpoint"]["bitwise"] and by["jax-checkpoint-dots"]["bitwise"]
             # JAX itself raises: the immutable-array TypeError, a tracer reaching NumPy,
@@ -91,12 +92,12 @@ def test_jax_cohort_pattern():
 
             # Independent reference: torch autograd on the same program, computed here, and
             # central differences of the JAX lowering's loss in x.
-            c = suites._jax_constants(spec)
-            got = suites._run_jax(spec, "jax-torch-draws", c)
+            c = cohort_jax._jax_constants(spec)
+            got = cohort_jax._run_jax(spec, "jax-torch-draws", c)
             assert np.allclose(got["grads"][0], torch_ref["grads"][0].numpy(), rtol=1e-12)
             assert np.allclose(got["grads"][1], torch_ref["grads"][1].numpy(), rtol=1e-12)
             assert math.isclose(float(got["loss"]), float(torch_ref["loss"]), rel_tol=1e-12)
-            seg_a, seg_b = suites._jax_segments(spec, c)
+            seg_a, seg_b = cohort_jax._jax_segments(spec, c)
             keys = (jax.random.PRNGKey(spec.seed + 3), jax.random.PRNGKey(spec.seed + 1))
             state = {n: jnp.asarray(v) for n, v in c["state"].items()}
 
@@ -105,7 +106,7 @@ def test_jax_cohort_pattern():
                 st = {**state, "stats": stats} if kind == "hidden" else state
                 return float((y * c["loss_w"]).sum() + seg_b(y, st)[0].sum())
 
-            ref = suites._run_jax(spec, "jax-eager", c)
+            ref = cohort_jax._run_jax(spec, "jax-eager", c)
             x0, h = c["x"], 1e-6
             for i in range(2):
                 e = np.zeros_like(x0)
@@ -115,10 +116,10 @@ def test_jax_cohort_pattern():
 
     # The classification is not vacuous: a changed gradient or state is "wrong".
     bad = {**ref, "grads": [ref["grads"][0] + 1e-15, ref["grads"][1]]}
-    assert suites._jax_compare(spec, ref, bad, None)["outcome"] == "wrong"
+    assert cohort_jax._jax_compare(spec, ref, bad, None)["outcome"] == "wrong"
     bad = {**ref, "state": {**ref["state"], "ptr": ref["state"]["ptr"] + 1}}
-    assert suites._jax_compare(spec, ref, bad, 1e-12)["outcome"] == "wrong"
-    targets = suites._jax_targets(records)
+    assert cohort_jax._jax_compare(spec, ref, bad, 1e-12)["outcome"] == "wrong"
+    targets = cohort._jax_targets(records)
     assert all(t["passed"] for t in targets), targets
 
 

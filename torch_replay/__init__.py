@@ -1,6 +1,8 @@
 """torch_replay: replay-safe activation checkpointing and certified peak memory.
 
-See README.md. The public names are fixed by SPEC section 5.
+The public names are listed in ``__all__``; the user's guide is in ``docs/``.
+``calibrate_model`` is imported on first use, so that ``python -m
+torch_replay.calibrate`` runs its module only once.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from .checkpoint import (
     last_transaction,
 )
 from .errors import (
+    CostsMismatchError,
     InfeasibleBudgetError,
     OverlapError,
     ReplayError,
@@ -29,6 +32,7 @@ from .planner import Option, Plan, plan
 __version__ = "0.1.0"
 
 __all__ = [
+    "CostsMismatchError",
     "InfeasibleBudgetError",
     "Option",
     "OverlapError",
@@ -41,6 +45,7 @@ __all__ = [
     "UnsupportedReplayError",
     "__version__",
     "audit",
+    "calibrate_model",
     "checkpoint",
     "checkpoint_sequential",
     "config",
@@ -49,3 +54,11 @@ __all__ = [
     "plan",
     "schedule",
 ]
+
+
+def __getattr__(name: str):
+    if name == "calibrate_model":
+        from .calibrate import calibrate_model
+
+        return calibrate_model
+    raise AttributeError(f"module 'torch_replay' has no attribute {name!r}")

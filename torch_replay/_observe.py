@@ -16,7 +16,9 @@ which explicit generator. All decisions are made in C++.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -25,7 +27,7 @@ from torch.utils._pytree import tree_leaves
 
 from .errors import OverlapError
 
-__all__ = ["DispatchModeObserver", "Observer", "new_gate"]
+__all__ = ["DispatchModeObserver", "Observer", "new_gate", "unobserved"]
 
 _OVERLAP_TEXT = "refer to a single memory location"
 
@@ -47,7 +49,33 @@ def _overlap_error(exc: BaseException) -> OverlapError:
 
 
 _C = None
-_OPEN_GATE = None  # never paused: for scopes nobody pauses
+_scopes = threading.local()  # .gates: the gates of this thread's open observer scopes
+
+
+def _open_gates() -> list:
+    gates = getattr(_scopes, "gates", None)
+    if gates is None:
+        gates = _scopes.gates = []
+    return gates
+
+
+@contextlib.contextmanager
+def unobserved():
+    """Hides the operators run inside from every segment observing this thread
+    (Note [FSDP traffic] in torch_replay/fsdp.py): each open scope's gate is
+    paused, then put back as it was."""
+    gates = getattr(_scopes, "gates", None)
+    if not gates:
+        yield
+        return
+    before = [g.paused for g in gates]
+    for g in gates:
+        g.paused = True
+    try:
+        yield
+    finally:
+        for g, was in zip(gates, before, strict=False):
+            g.paused = was
 
 
 class Observer:
@@ -56,20 +84,21 @@ class Observer:
     __slots__ = ("txn", "gate")
 
     def __init__(self, txn, gate=None):
-        global _C, _OPEN_GATE
+        global _C
         if _C is None:
             from ._ext import require_extension
 
             _C = require_extension()
-            _OPEN_GATE = _C.ObserverGate()
         self.txn = txn
-        self.gate = gate if gate is not None else _OPEN_GATE
+        self.gate = gate if gate is not None else _C.ObserverGate()
 
     def __enter__(self):
         _C.observer_push(self.txn, self.gate)
+        _open_gates().append(self.gate)
         return self
 
     def __exit__(self, exc_type, exc, tb):
+        _open_gates().pop()
         _C.observer_pop(self.txn)
         if self.txn.has_pending:
             # A refusal made while the operators ran (Note [C++ observer]).
@@ -132,6 +161,14 @@ class DispatchModeObserver(TorchDispatchMode):
         super().__init__()
         self.txn = txn
         self.gate = gate if gate is not None else new_gate()
+
+    def __enter__(self):
+        _open_gates().append(self.gate)
+        return super().__enter__()
+
+    def __exit__(self, exc_type, exc, tb):
+        _open_gates().pop()
+        return super().__exit__(exc_type, exc, tb)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

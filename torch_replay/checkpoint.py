@@ -11,8 +11,10 @@ See Note [Replay protocol] in ``csrc/aten/transaction.h`` for the protocol and
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 import os
+import sys
 import uuid
 import warnings
 import weakref
@@ -27,8 +29,10 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._device import DeviceContext
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from . import fsdp as _fsdp
 from ._ext import require_extension
 from ._observe import DispatchModeObserver, Observer, new_gate
+from .compiled import checkpoint_compiled, constant_under_compile
 from .errors import ReplayError, UnsupportedReplayError
 
 __all__ = [
@@ -41,7 +45,14 @@ __all__ = [
     "last_transaction",
 ]
 
-ENGINES = ("auto", "snapshot", "journal", "readset", "guard")
+from ._ext import C as _C_ext  # noqa: E402
+
+# The engine names, defined once in C++ (csrc/core/preservation_engine.cpp).
+ENGINES: tuple[str, ...] = (
+    tuple(_C_ext.engine_names())
+    if _C_ext is not None
+    else ("auto", "snapshot", "journal", "readset", "guard")  # unbuilt: for the error only
+)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,7 +65,18 @@ class ReplayConfig:
     read (parameters, buffers, inputs, captured tensors), plus what it saved for
     backward; one weak reference and one integer per tensor. ``"saved"``: only the
     tensors the forward saved for backward (what eager autograd checks).
-    ``use_reentrant=True`` always uses ``"reads"``, since its forward saves nothing."""
+    ``use_reentrant=True`` always uses ``"reads"``, since its forward saves nothing.
+    ``"preserve"``: instead of checking, preserve every such tensor the segment
+    read: a later in-place write to it (outside segments too) first journals the
+    old bytes of what it overwrites, so the re-run sees the forward's values
+    without ``state=`` (copy-on-write, as ``engine="journal"`` for declared
+    state). Writes that bypass the dispatcher (the memory of ``.numpy()``, raw
+    pointers) are still detected, by hashes, and raise ``StateMutationError``.
+    While such a segment waits for its backward, every operator of the process
+    pays the write watch (benchmarks/results/observer.md gives its cost).
+    Inside ``torch.compile``, ``"preserve"`` treats a module segment's buffers as
+    declared (Note [Checkpoint under torch.compile] in compiled.py); the other
+    levels leave undeclared tensors to autograd's version check there."""
 
     observer: str = os.environ.get("TORCH_REPLAY_OBSERVER", "c++")
     """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
@@ -70,6 +92,7 @@ class ReplayConfig:
 
 
 config = ReplayConfig()
+_DETECT_LEVELS = ("saved", "reads", "preserve")
 _last_txn: weakref.ReferenceType | None = None
 
 
@@ -80,6 +103,28 @@ def engine_bytes() -> int:
     counts do not include them; add this figure to report a step's real memory."""
     C = require_extension()
     return int(C.region_store_bytes()) + int(C.journal_bytes())
+
+
+_transaction_sink: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "torch_replay_transaction_sink", default=None
+)
+
+
+@contextlib.contextmanager
+def collect_transactions():
+    """Hands the C++ Transactions of the checkpoint calls made inside the ``with``
+    block (in this thread or task) to the caller, in call order: how
+    :class:`~torch_replay.PlannedSequential` gets each segment's transaction
+    without the process-wide :func:`last_transaction`.
+
+    Yields:
+        The list they are appended to."""
+    sink: list = []
+    token = _transaction_sink.set(sink)
+    try:
+        yield sink
+    finally:
+        _transaction_sink.reset(token)
 
 
 def last_transaction():
@@ -119,16 +164,21 @@ def _collect_state(state, function):
         if isinstance(item, torch.nn.Module):
             prefix = paths.get(id(item), type(item).__name__)
             prefix = prefix or type(item).__name__
+            # FSDP2 / DTensor state is preserved by its local shard (Note [FSDP traffic]).
+            owner = _fsdp.owners(item)
             for n, b in item.named_buffers():
                 if b is not None:
-                    tensors.append(b)
-                    names.append(f"{prefix}.{n} (buffer)")
+                    local = _fsdp.local_state(b, owner)
+                    tensors.append(local)
+                    names.append(f"{prefix}.{n} (buffer{_shard_word(local, b)})")
             for n, p in item.named_parameters():
-                tensors.append(p)
-                names.append(f"{prefix}.{n} (parameter)")
+                local = _fsdp.local_state(p, owner)
+                tensors.append(local)
+                names.append(f"{prefix}.{n} (parameter{_shard_word(local, p)})")
         elif isinstance(item, torch.Tensor):
-            tensors.append(item)
-            names.append(_tensor_name(item, root) or f"state[{i}]")
+            local = _fsdp.local_state(item)
+            tensors.append(local)
+            names.append((_tensor_name(item, root) or f"state[{i}]") + _shard_word(local, item))
         elif isinstance(item, torch.Generator):
             gens.append(item)
             gen_names.append(f"state[{i}] (torch.Generator on {item.device})")
@@ -138,6 +188,10 @@ def _collect_state(state, function):
                 "nn.Modules (their buffers and parameters) and torch.Generators only"
             )
     return tensors, names, gens, gen_names
+
+
+def _shard_word(local: torch.Tensor, declared: torch.Tensor) -> str:
+    return ", local shard" if local is not declared else ""
 
 
 def _tensor_name(t: torch.Tensor, root: torch.nn.Module | None) -> str | None:
@@ -242,10 +296,22 @@ def _observer(txn, gate=None):
 def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, last=True):
     C = require_extension()
     tensors, names, gens, gen_names = _collect_state(state, function)
-    txn = C.Transaction(engine, tensors, names, gens, gen_names, preserve_rng_state, watch_reads)
+    txn = C.Transaction(
+        engine,
+        tensors,
+        names,
+        gens,
+        gen_names,
+        preserve_rng_state,
+        watch_reads,
+        preserve_reads=config.detect == "preserve" and config.observe,
+    )
     if last:
         global _last_txn
         _last_txn = weakref.ref(txn)
+        sink = _transaction_sink.get()
+        if sink is not None:
+            sink.append(txn)
     return txn
 
 
@@ -321,6 +387,7 @@ def _in_graph_exec_group() -> bool:
 _OPTIONS = (("state", "replay_state", None), ("engine", "replay_engine", "auto"))
 
 
+@constant_under_compile
 def _takes_keyword(function, name: str) -> bool | None:
     """True if ``function`` has a parameter ``name`` that can be passed by
     keyword, False if it certainly does not, None if it cannot tell."""
@@ -784,12 +851,16 @@ def checkpoint(
 
             ``engine`` (or ``replay_engine``): how declared state is preserved:
             ``"snapshot"`` (copy every declared storage at the start), ``"journal"``
-            (old bytes of each destructive write in a shared log; every write to the
-            state until backward must happen inside torch_replay segments),
+            (copy-on-write: the old bytes of every later write to the declared
+            storages, inside or outside segments, in one shared log),
             ``"readset"`` (the bytes the segment touches, saved at first touch),
             ``"guard"`` (keep nothing, prove by hashes that nothing changed or raise) or
-            ``"auto"`` (default: guard if the segment touched no declared state,
-            otherwise read-set).
+            ``"auto"`` (default: the journal if the segment touches declared state,
+            so state it only reads costs nothing unless something writes it before
+            backward; otherwise the guard). The journal and ``auto`` cannot undo a
+            write that bypasses the dispatcher (the memory of ``.numpy()``, a raw
+            pointer): the re-run then raises ``StateMutationError`` saying so;
+            ``"readset"`` and ``"snapshot"`` copy instead and survive such writes.
 
             If ``function`` itself takes a parameter named ``state`` or ``engine``,
             that keyword goes to ``function`` and torch_replay's option must be spelled
@@ -806,6 +877,30 @@ def checkpoint(
         OverlapError: the segment copies between overlapping views of one memory.
         TypeError, ValueError: bad arguments (nothing is run, or state is rolled back).
     """
+    if torch.compiler.is_compiling():
+        # Inside torch.compile: Dynamo's checkpoint region (Note [Checkpoint under
+        # torch.compile] in compiled.py), not the eager transaction. As torch there,
+        # an omitted use_reentrant is not warned about.
+        preserve = kwargs.pop("preserve_rng_state", True)
+        state, engine = _replay_options(function, kwargs)
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+        root = _module_of(function)
+        if state is None and config.detect == "preserve" and root is not None:
+            state = [root]  # preserve what it reads, undeclared: its buffers, as declared
+        return checkpoint_compiled(
+            function,
+            args,
+            kwargs,
+            use_reentrant=use_reentrant,
+            context_fn=context_fn,
+            determinism_check=determinism_check,
+            debug=debug,
+            early_stop=early_stop,
+            preserve=preserve,
+            state=state,
+            engine=engine,
+        )
     if use_reentrant is None:
         warnings.warn(_USE_REENTRANT_WARNING, stacklevel=2)
         use_reentrant = True
@@ -823,18 +918,44 @@ def checkpoint(
         metadata_fn = None
     else:
         metadata_fn = _metadata_fn(determinism_check)
-    if config.detect not in ("saved", "reads"):
+    if config.detect not in _DETECT_LEVELS:
         raise ValueError(
-            f"torch_replay.config.detect must be 'saved' or 'reads', got {config.detect!r}"
+            f"torch_replay.config.detect must be one of {_DETECT_LEVELS}, got {config.detect!r}"
         )
     if config.observer not in ("c++", "python"):
         raise ValueError(
             f"torch_replay.config.observer must be 'c++' or 'python', got {config.observer!r}"
         )
+    _fsdp.install()  # FSDP2's unshard/reshard is not the segment's (Note [FSDP traffic])
     if not torch.is_grad_enabled():
         # Nothing will be differentiated: run plainly (as torch does).
         _collect_state(state, function)  # still refuse malformed state
         return function(*args, **kwargs)
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # loaded once anything compiled
+    if eval_frame is not None and isinstance(function, eval_frame.OptimizedModule):
+        # A compiled block: its kernels write memory the observer cannot see (and
+        # Inductor allocates buffers outside the dispatcher). Compile the segment
+        # instead, with the block's own compile settings, so it becomes Dynamo's
+        # checkpoint region around the original module (Note [Checkpoint under
+        # torch.compile] in compiled.py).
+        original = function._orig_mod
+
+        def segment(*a, **k):
+            return checkpoint(
+                original,
+                *a,
+                use_reentrant=use_reentrant,
+                context_fn=context_fn,
+                determinism_check=determinism_check,
+                debug=debug,
+                early_stop=early_stop,
+                preserve_rng_state=preserve,
+                replay_state=state,
+                replay_engine=engine,
+                **k,
+            )
+
+        return function.dynamo_ctx(segment)(*args, **kwargs)
     watch_reads = use_reentrant or config.detect == "reads"
     if not config.observe and state is not None:
         # Without the observer nothing reports what the segment touches: only the

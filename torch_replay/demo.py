@@ -46,7 +46,26 @@ def step(method: str) -> list[torch.Tensor]:
     return [x.grad] + [p.grad for p in block.parameters()]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo (``python -m torch_replay.demo [-h]``).
+
+    Args:
+        argv: arguments (default ``sys.argv[1:]``); the demo takes none but ``-h``.
+
+    Returns:
+        0 when torch_replay's gradient equals eager PyTorch's and torch's differs.
+    """
+    import argparse
+
+    argparse.ArgumentParser(
+        prog="python -m torch_replay.demo",
+        description=__doc__.split("\n\n    python")[0]
+        + "\n\nRuns one training step three ways (eager PyTorch, torch.utils.checkpoint, "
+        "torch_replay.checkpoint), prints each gradient's largest difference to eager, then "
+        "shows the error torch_replay gives when the buffer is not declared. Takes a few "
+        "seconds; writes nothing. Exit status 0 when the outcome is as expected.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    ).parse_args(argv)
     ref = step("eager")
     print("gradient difference to eager PyTorch (the forward that actually ran):")
     worst = {}

@@ -1,4 +1,4 @@
-"""Error classes of torch_replay (SPEC section 5).
+"""Error classes of torch_replay.
 
 Every error says what happened and what to do. When one is raised, the user's
 tensors, buffers and generators are left exactly as they were before the call
@@ -14,6 +14,7 @@ __all__ = [
     "UnsupportedReplayError",
     "OverlapError",
     "InfeasibleBudgetError",
+    "CostsMismatchError",
 ]
 
 
@@ -43,3 +44,15 @@ class InfeasibleBudgetError(ReplayError):
     def __init__(self, message: str, min_budget: int | None = None):
         super().__init__(message)
         self.min_budget = min_budget
+
+
+class CostsMismatchError(ValueError):
+    """A costs file (or dict) was calibrated on another model than the one given.
+
+    Raised by :class:`~torch_replay.PlannedSequential` when the model
+    fingerprint stored in the costs (segment classes, parameter and buffer
+    shapes and dtypes) differs from the segments it is asked to run, or when
+    the number of segments differs. The message names the first difference.
+    Calibrate the model you run: :func:`torch_replay.calibrate_model` or
+    ``python -m torch_replay.calibrate --model pkg.module:factory --out costs.json``.
+    """

@@ -1,4 +1,4 @@
-"""Run a sequential model with the options the joint planner chose (SPEC section 2.3).
+"""Run a sequential model with the options the joint planner chose.
 
 :class:`PlannedSequential` takes the segments of a model, their measured
 options (from ``python -m torch_replay.calibrate`` or a list of
@@ -9,7 +9,7 @@ the segment through :func:`torch_replay.checkpoint` with that engine.
 
 Predicted vs measured peak (Note [Measured peak]):
 
-* predicted: ``plan.peak = persistent + sum(retained) + max(transient)`` with
+* predicted: ``plan.peak = persistent + retained + max(transient)`` (the journal's shared log counted once: :func:`torch_replay.planner.plan_peak`) with
   the calibrated costs.
 * measured (:meth:`PlannedSequential.measure`): ``static`` (bytes of the
   distinct storages of the parameters, buffers and declared state tensors at
@@ -43,8 +43,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .checkpoint import checkpoint, last_transaction
-from .planner import OBJECTIVES, OPTION_NAMES, Option, Plan, plan
+from .checkpoint import checkpoint, collect_transactions
+from .planner import OBJECTIVES, OPTION_NAMES, Option, Plan, plan, plan_peak
 
 __all__ = [
     "LiveBytesTracker",
@@ -188,7 +188,11 @@ class PeakReport:
     predicted_peak: int | None
     """``plan.peak`` (None when the module runs fixed choices without costs)."""
     measured_peak: int
-    """``static_bytes + tracked_peak``."""
+    """Gradients cleared before the step: ``static_bytes + tracked_peak``
+    (gradients are created during backward and counted in ``tracked_peak``)."""
+    measured_peak_grads_held: int | None = None
+    """Gradients held through the step (allocated before it, counted as static
+    bytes): what :attr:`predicted_peak` models."""
     static_bytes: int
     """Distinct storages of parameters, buffers and declared state."""
     tracked_peak: int
@@ -204,25 +208,81 @@ class PeakReport:
 
     @property
     def predicted_minus_measured(self) -> int | None:
-        """Predicted minus measured peak (positive: the model is conservative)."""
+        """Predicted minus measured peak (gradients held, as predicted, when measured;
+        positive: the prediction is conservative)."""
         if self.predicted_peak is None:
             return None
-        return self.predicted_peak - self.measured_peak
+        held = self.measured_peak_grads_held
+        return self.predicted_peak - (held if held is not None else self.measured_peak)
+
+    def __str__(self) -> str:
+        def mib(v: int | None) -> str:
+            return "-" if v is None else f"{v / 2**20:10.2f}"
+
+        rows = [
+            (
+                "predicted (plan)",
+                self.predicted_peak,
+                "persistent + sum(retained) + max(transient); persistent = parameters, "
+                "buffers, declared state, one gradient per parameter",
+            ),
+            (
+                "measured, gradients held",
+                self.measured_peak_grads_held,
+                "the same step with every .grad allocated before it: compare with predicted",
+            ),
+            (
+                "measured, gradients cleared",
+                self.measured_peak,
+                "every .grad None before the step (zero_grad(set_to_none=True))",
+            ),
+        ]
+        lines = [f"{'peak of one training step':<28} {'MiB':>10}  what it counts"]
+        lines += [f"{name:<28} {mib(v)}  {what}" for name, v, what in rows]
+        plan = "".join(c[0].upper() for c in self.choices)
+        budget = "-" if self.budget is None else f"{self.budget / 2**20:.2f} MiB"
+        lines.append(f"choices {plan} ({', '.join(_cut_list(self.choices, 8))}), budget {budget}")
+        return "\n".join(lines)
+
+
+def _cut_list(items: Sequence[Any], limit: int) -> list[str]:
+    items = [str(i) for i in items]
+    if len(items) <= limit:
+        return items
+    return items[:limit] + [f"… {len(items) - limit} more"]
 
 
 # -------------------------------------------------------------------- module
 
 
-def _read_costs(costs: Any, n: int) -> list[list[Option]]:
+def _read_costs(costs: Any, mods: Sequence[Any]) -> tuple[list[list[Option]], Mapping | None]:
+    n = len(mods)
     if isinstance(costs, (str, os.PathLike, Mapping)):
-        from .calibrate import load_costs
+        import json
+        from pathlib import Path
 
-        return load_costs(costs, segments=n)
+        from .calibrate import SCHEMA, check_costs, load_costs
+
+        if isinstance(costs, Mapping):
+            doc, source = costs, "the costs"
+        else:
+            source = f"costs file {os.fspath(costs)!r}"
+            try:
+                doc = json.loads(Path(costs).read_text())
+            except OSError as e:
+                raise ValueError(
+                    f"cannot read {source}: {e}. Write it with tr.calibrate_model(..., "
+                    "out=...) or `python -m torch_replay.calibrate --model pkg.module:factory "
+                    "--out costs.json`, or pass costs='auto'"
+                ) from None
+        if doc.get("schema") == SCHEMA and doc.get("model"):
+            check_costs(doc, mods, source=source)
+        return load_costs(doc, segments=n), doc
     if isinstance(costs, Sequence):
-        return [list(seg) for seg in costs]
+        return [list(seg) for seg in costs], None
     raise TypeError(
         "costs must be a list (per segment) of lists of tr.Option, a calibration "
-        f"JSON path, or its loaded dict; got {type(costs).__name__}"
+        f"JSON path, its loaded dict, or 'auto'; got {type(costs).__name__}"
     )
 
 
@@ -239,10 +299,16 @@ class PlannedSequential(torch.nn.Module):
         segments: the segments in program order (an ``nn.Sequential``, or a
             list of ``nn.Module`` s); each takes the previous output.
         budget: memory budget in bytes (needed unless ``choices`` is given).
-        costs: the measured options: a list (one per segment) of lists of
-            :class:`Option`, a calibration JSON file written by
-            ``python -m torch_replay.calibrate`` (its ``model`` section), or
-            that file's loaded dict.
+        costs: the measured options: a costs JSON file written by
+            :func:`~torch_replay.calibrate_model` or ``python -m
+            torch_replay.calibrate`` (its ``model`` section), that file's
+            loaded dict, a list (one per segment) of lists of :class:`Option`,
+            or ``"auto"``: calibrate these segments at the first call, on
+            that call's input (see ``calibration``), then plan. A file or
+            dict is checked against the segments (their classes, parameter
+            and buffer shapes and dtypes): costs of another model raise
+            :class:`~torch_replay.CostsMismatchError`; costs measured with
+            another torch or on another CPU/GPU give a warning.
         state: declared state for the checkpointed segments (tensors,
             ``nn.Module`` s, ``torch.Generator`` s), either one iterable for
             every segment, or a list with one iterable (or None) per segment.
@@ -252,8 +318,12 @@ class PlannedSequential(torch.nn.Module):
         choices: run these option names instead of planning (baselines); the
             costs, when given, still give the predicted peak.
         use_reentrant: passed to :func:`torch_replay.checkpoint`.
+        calibration: with ``costs="auto"``, keyword arguments of
+            :func:`~torch_replay.calibrate_model` (``loss_fn``, ``reps``,
+            ``quick``, ``options``, ``out``, ``progress``).
 
     Raises:
+        CostsMismatchError: the costs belong to another model.
         InfeasibleBudgetError: no plan of ``objective`` fits ``budget`` (its
             ``min_budget`` says what would).
         ValueError: inconsistent arguments (costs for another number of
@@ -272,6 +342,7 @@ class PlannedSequential(torch.nn.Module):
         persistent: int | None = None,
         choices: Sequence[str] | None = None,
         use_reentrant: bool = False,
+        calibration: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         mods = list(segments.children() if isinstance(segments, torch.nn.Sequential) else segments)
@@ -297,10 +368,22 @@ class PlannedSequential(torch.nn.Module):
         self.budget = budget
         self.persistent = self.default_persistent() if persistent is None else int(persistent)
         self.costs: list[list[Option]] | None = None
-        if costs is not None:
-            self.costs = _read_costs(costs, n)
+        self.costs_doc: Mapping[str, Any] | None = None
+        self._auto = isinstance(costs, str) and costs == "auto"
+        self._calibration = dict(calibration or {})
+        self._expected_input: Any = None
+        if costs is not None and not self._auto:
+            self.costs, self.costs_doc = _read_costs(costs, mods)
             if len(self.costs) != n:
-                raise ValueError(f"costs describe {len(self.costs)} segments, the model has {n}")
+                from .errors import CostsMismatchError
+
+                raise CostsMismatchError(
+                    f"costs describe {len(self.costs)} segments, the model has {n}"
+                )
+            if self.costs_doc is not None:
+                fp = (self.costs_doc.get("model") or {}).get("fingerprint") or {}
+                first = (fp.get("segments") or [{}])[0]
+                self._expected_input = first.get("input")
         self.plan: Plan | None = None
         if choices is not None:
             choices = list(choices)
@@ -310,6 +393,10 @@ class PlannedSequential(torch.nn.Module):
                 if c not in OPTION_NAMES:
                     raise ValueError(f"unknown option {c!r}; options are {OPTION_NAMES}")
             self.choices = choices
+        elif self._auto:
+            if budget is None:
+                raise ValueError("costs='auto' plans at the first call: give budget= too")
+            self.choices = []  # planned at the first forward
         else:
             if budget is None or self.costs is None:
                 raise ValueError(
@@ -352,7 +439,8 @@ class PlannedSequential(torch.nn.Module):
 
     @property
     def predicted_peak(self) -> int | None:
-        """``persistent + sum(retained) + max(transient)`` of the choices, from the costs."""
+        """``persistent + retained + max(transient)`` of the choices, from the costs
+        (the journal's shared log counted once: :func:`torch_replay.planner.plan_peak`)."""
         if self.plan is not None:
             return self.plan.peak
         if self.costs is None:
@@ -363,11 +451,7 @@ class PlannedSequential(torch.nn.Module):
             if not match:
                 raise ValueError(f"segment {i} has no measured cost for option {c!r}")
             chosen.append(match[0])
-        return (
-            self.persistent
-            + sum(o.retained for o in chosen)
-            + max((o.transient for o in chosen), default=0)
-        )
+        return plan_peak(chosen, self.persistent)
 
     def _held_bytes(self) -> int:
         """Bytes the live transactions hold outside the torch allocator."""
@@ -399,6 +483,10 @@ class PlannedSequential(torch.nn.Module):
         Returns:
             Output of the last segment.
         """
+        if self._auto and self.plan is None:
+            self._calibrate_now(x)
+        elif self._expected_input is not None:
+            self._check_input(x)
         prof = self._profile
         h = x
         for i, (fn, choice) in enumerate(zip(self._callables, self.choices, strict=True)):
@@ -408,18 +496,74 @@ class PlannedSequential(torch.nn.Module):
                 h = fn(h)
                 txn = None
             else:
-                h = checkpoint(
-                    fn,
-                    h,
-                    use_reentrant=self.use_reentrant,
-                    replay_state=self._state[i],  # never a segment's own keyword
-                    replay_engine=choice,
-                )
-                txn = last_transaction()
+                with collect_transactions() as made:
+                    h = checkpoint(
+                        fn,
+                        h,
+                        use_reentrant=self.use_reentrant,
+                        replay_state=self._state[i],  # never a segment's own keyword
+                        replay_engine=choice,
+                    )
+                # The segment's own transaction: the first one its call made (nested
+                # checkpoints inside the segment come after it).
+                txn = made[0] if made else None
             self._txns[i] = weakref.ref(txn) if txn is not None else None
             if prof is not None:
                 prof.after_forward(i, h, txn)
         return h
+
+    def _calibrate_now(self, x: Any) -> None:
+        from .calibrate import calibrate_model
+
+        kw = dict(self._calibration)
+        kw.setdefault("quick", True)
+        kw.setdefault("progress", False)
+        sample = x.detach().clone() if isinstance(x, torch.Tensor) else x
+        with torch.enable_grad():
+            doc = calibrate_model(self._callables, sample, state=self._state, **kw)
+        from .calibrate import load_costs
+
+        self.costs_doc = doc
+        self.costs = load_costs(doc, segments=len(self._callables))
+        self.plan = plan(
+            self.costs, budget=self.budget, persistent=self.persistent, objective=self.objective
+        )
+        self.choices = list(self.plan.choices)
+        self._txns = [None] * len(self._callables)
+
+    def _check_input(self, x: Any) -> None:
+        import warnings
+
+        from .calibrate.fingerprint import _describe_value
+
+        have = _describe_value(x)
+        if self._expected_input != have:
+            want, self._expected_input = self._expected_input, None  # warn once
+            warnings.warn(
+                f"the costs were measured with input {want}, this call's input is {have}: "
+                "bytes and times scale with it, so the plan may not fit the budget; "
+                "calibrate with the input you train with",
+                stacklevel=3,
+            )
+
+    def save_costs(self, path: str | os.PathLike) -> None:
+        """Write the costs this module plans from (after ``costs="auto"`` calibrated).
+
+        Args:
+            path: the JSON file to write; pass it as ``costs=`` next time.
+
+        Raises:
+            ValueError: nothing calibrated yet (no call since ``costs="auto"``)
+                or the costs were given as a list of :class:`Option`.
+        """
+        import json
+        from pathlib import Path
+
+        if self.costs_doc is None:
+            raise ValueError(
+                "no costs document to save: with costs='auto' call the module once first"
+            )
+        Path(path).write_text(json.dumps(self.costs_doc, indent=1) + "\n")
 
     # ---------------------------------------------------------------- measure
 
@@ -470,18 +614,40 @@ class PlannedSequential(torch.nn.Module):
     def measure(
         self, x: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor] | None = None
     ) -> PeakReport:
-        """Measure one training step's peak and compare it with the prediction.
+        """Measure one training step's peak, with and without gradients held, against the prediction.
 
-        Parameter gradients are set to None first (they are part of the step).
-        See Note [Measured peak] in the module docstring for what is counted.
+        Two training steps run (forward, loss, backward):
+
+        1. **gradients held**: every parameter that requires grad holds a
+           ``.grad`` of its size for the whole step (as in a loop that
+           zeroes gradients instead of setting them to None, or accumulates
+           them). This is what the prediction counts: its ``persistent``
+           includes one gradient per parameter.
+        2. **gradients cleared**: every ``.grad`` is None first (as after
+           ``optimizer.zero_grad(set_to_none=True)``, torch's default), so
+           gradients appear during backward and count in the tracked peak.
+
+        Afterwards the parameters hold the second step's gradients, as after
+        one ordinary step. See Note [Measured peak] in the module docstring
+        for what is counted and what is not.
 
         Args:
-            x: the input batch.
+            x: the input batch (the first step runs on a detached clone).
             loss_fn: maps the output to a scalar (default: mean of squares).
 
         Returns:
-            A :class:`PeakReport`.
+            A :class:`PeakReport` (``print`` it for a table).
         """
+        params = [p for p in self.parameters() if p.requires_grad]
+        for p in self.parameters():
+            p.grad = None
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        held_static = static_bytes([*self._static_tensors(), *(p.grad for p in params)])
+        x_held = (
+            x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
+        )
+        _, held_peak = self.profile_step(x_held, loss_fn, track_memory=True)
         for p in self.parameters():
             p.grad = None
         static = static_bytes(self._static_tensors())
@@ -489,6 +655,7 @@ class PlannedSequential(torch.nn.Module):
         return PeakReport(
             predicted_peak=self.predicted_peak,
             measured_peak=static + peak,
+            measured_peak_grads_held=held_static + held_peak,
             static_bytes=static,
             tracked_peak=peak,
             persistent=self.persistent,
@@ -557,6 +724,13 @@ class _Profiler:
 
     # backward ----------------------------------------------------------------
     def before_backward(self) -> None:
+        # The last segment's backward window opens here, not at its output's gradient:
+        # the loss's own backward (the gradient of the output and the loss's
+        # temporaries) then counts in its transient bytes, as it does in the step.
+        self._bwd_start[self.n - 1] = time.perf_counter()
+        if self.tracker is not None:
+            self._bwd_live0[self.n - 1] = self.tracker.mark()
+        self._open = self.n - 1
         for i, ref in enumerate(self._txns):
             txn = ref() if ref is not None else None
             if txn is not None:
@@ -569,6 +743,8 @@ class _Profiler:
 
     def _output_hook(self, i: int):
         def hook(grad):
+            if i == self.n - 1 and self._bwd_start[i] is not None:
+                return  # opened by before_backward
             now = time.perf_counter()
             self._bwd_start[i] = now
             if self.tracker is not None:

@@ -1,4 +1,4 @@
-"""Certified peak-memory scheduling of unit graphs (SPEC section 3.2).
+"""Certified peak-memory scheduling of unit graphs.
 
 A :class:`Problem` is a DAG of *units* (kernel calls) that produce and consume
 *buffers*. Memory model: graph inputs (producer ``-1``) are live from the start;
@@ -20,7 +20,7 @@ effects on reused storage into ``extra_edges``, and calls
 :func:`plan_unit_order` with the resulting :class:`Problem`. The returned
 :class:`Solution` never has a higher peak than the original order ``0..n-1``
 and its :meth:`Solution.report` carries the fields of the pass's per-graph
-report (SPEC section 5).
+report.
 
 Example::
 
@@ -116,7 +116,7 @@ class Solution:
         return self.peak - self.lower_bound
 
     def report(self) -> dict[str, object]:
-        """The per-graph fields of the Inductor pass report (SPEC section 5).
+        """The per-graph fields of the Inductor pass report.
 
         Returns:
             A dict with ``original_peak``, ``permuted_peak``, the three bounds,
@@ -336,8 +336,7 @@ def plan_unit_order(problem: Problem, *, time_limit_s: float = 1.0) -> Solution:
         problem: The wrapper's units and storages (see the module docstring);
             unit ``i`` is the ``i``-th kernel-call statement of the original
             program, so ``0..n-1`` is the original order.
-        time_limit_s: Budget for the search (the source certified 115/122
-            wrapper graphs in under 1 s each).
+        time_limit_s: Budget for the search in seconds.
 
     Returns:
         The :class:`Solution`; ``solution.order`` never has a higher peak than

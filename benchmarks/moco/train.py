@@ -49,7 +49,7 @@ from torch.utils.checkpoint import checkpoint as torch_checkpoint
 import torch_replay as tr
 from torch_replay.calibrate import Workload, measure_segments
 from torch_replay.planned import LiveBytesTracker, PlannedSequential, static_bytes
-from torch_replay.planner import Option
+from torch_replay.planner import Option, plan_peak
 
 from .data import SyntheticCifar, augment, normalize
 from .model import MoCo, queue_length
@@ -249,9 +249,7 @@ def calibrate_plans(cfg: MocoConfig, data: SyntheticCifar, seed: int) -> Plans:
     }
     persistent = _persistent(moco, cfg)
     eager_opts = [next(o for o in seg if o.name == "eager") for seg in costs]
-    all_eager = (
-        persistent + sum(o.retained for o in eager_opts) + max(o.transient for o in eager_opts)
-    )
+    all_eager = plan_peak(eager_opts, persistent)
     try:
         tr.plan(costs, budget=0, persistent=persistent, objective="joint")
         joint_min = 0

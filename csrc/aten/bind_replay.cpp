@@ -68,8 +68,10 @@ TORCH_REPLAY_BINDINGS(replay) {
                       std::vector<at::Generator> generators,
                       std::vector<std::string> generator_names,
                       bool preserve_rng_state,
-                      bool watch_reads) {
+                      bool watch_reads,
+                      bool preserve_reads) {
             TransactionOptions options;
+            options.preserve_reads = preserve_reads;
             options.engine = engine;
             options.preserve_rng_state = preserve_rng_state;
             options.watch_reads = watch_reads;
@@ -86,7 +88,8 @@ TORCH_REPLAY_BINDINGS(replay) {
           py::arg("generators"),
           py::arg("generator_names"),
           py::arg("preserve_rng_state"),
-          py::arg("watch_reads"))
+          py::arg("watch_reads"),
+          py::arg("preserve_reads") = false)
       .def("begin_forward", &Transaction::begin_forward)
       .def(
           "before_op",
@@ -147,6 +150,7 @@ TORCH_REPLAY_BINDINGS(replay) {
   m.def("storage_key", [](const at::Tensor& t) {
     return static_cast<uint64_t>(storage_key(t));
   });
+  m.def("engine_names", &torch_replay::engine_names);
   m.def("journal_bytes", [] { return RegionJournal::global().bytes(); });
   m.def("region_store_bytes", [] { return RegionStore::process_bytes(); });
   m.def("journal_entries", [] { return RegionJournal::global().entries(); });

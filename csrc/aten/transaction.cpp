@@ -21,8 +21,11 @@ constexpr int64_t kMaxRuns = 1 << 16;
 
 using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
 
-// Storages that some journal-engine segment declared: every write to them
-// inside any segment is journaled (Note [Region journal]).
+// The storages that some journal-engine segment declared, by key, to find
+// their bytes when the journal is undone. Which of them are journaled is the
+// journal's own watch count (Note [Journal watch]); the weak references keep
+// each StorageImpl's memory allocated, so that no later storage reuses a key
+// that the journal's entries still name.
 struct JournalRegistry {
   std::mutex mutex;
   std::map<StorageKey, WeakStorage> storages;
@@ -30,20 +33,6 @@ struct JournalRegistry {
 JournalRegistry& journal_registry() {
   static JournalRegistry registry;
   return registry;
-}
-
-bool journaled(StorageKey key) {
-  auto& reg = journal_registry();
-  std::lock_guard<std::mutex> lock(reg.mutex);
-  auto it = reg.storages.find(key);
-  if (it == reg.storages.end()) {
-    return false;
-  }
-  if (it->second.expired()) {
-    reg.storages.erase(it);
-    return false;
-  }
-  return true;
 }
 
 StorageRef ref_of(const c10::Storage& storage) {
@@ -69,12 +58,6 @@ Resolver journal_resolver() {
     auto it = reg.storages.find(key);
     return it == reg.storages.end() ? StorageRef{} : resolve_weak(it->second);
   };
-}
-
-RangeSet whole(const c10::Storage& storage) {
-  RangeSet r;
-  r.add(0, static_cast<int64_t>(storage.nbytes()));
-  return r;
 }
 
 // A Python number wrapped into a tensor for one operator is never state.
@@ -126,43 +109,10 @@ void journal_write_outside_segments(const at::Tensor& t) {
     return;
   }
   const StorageKey key = storage_key(t);
-  if (journaled(key)) {
-    RegionJournal::global().record(key, ref_of(t.storage()), footprint_of(t));
+  auto& journal = RegionJournal::global();
+  if (journal.watched(key)) {
+    journal.record(key, ref_of(t.storage()), footprint_of(t));
   }
-}
-
-Engine parse_engine(const std::string& name) {
-  if (name == "auto")
-    return Engine::kAuto;
-  if (name == "snapshot")
-    return Engine::kSnapshot;
-  if (name == "journal")
-    return Engine::kJournal;
-  if (name == "readset")
-    return Engine::kReadset;
-  if (name == "guard")
-    return Engine::kGuard;
-  throw ReplayException(
-      ErrorKind::kInvalidArgument,
-      "engine must be one of 'auto', 'snapshot', 'journal', 'readset', "
-      "'guard'; got '" +
-          name + "'");
-}
-
-std::string engine_name(Engine engine) {
-  switch (engine) {
-    case Engine::kAuto:
-      return "auto";
-    case Engine::kSnapshot:
-      return "snapshot";
-    case Engine::kJournal:
-      return "journal";
-    case Engine::kReadset:
-      return "readset";
-    case Engine::kGuard:
-      return "guard";
-  }
-  return "?";
 }
 
 StorageKey storage_key(const at::Tensor& t) {
@@ -175,7 +125,7 @@ Transaction::Transaction(
     std::vector<std::string> tensor_names,
     std::vector<at::Generator> generators,
     std::vector<std::string> generator_names)
-    : options_(std::move(options)), engine_(parse_engine(options_.engine)) {
+    : options_(std::move(options)), requested_(parse_engine(options_.engine)) {
   TORCH_CHECK(
       tensors.size() == tensor_names.size() &&
           generators.size() == generator_names.size(),
@@ -279,20 +229,26 @@ void Transaction::begin_forward(
       track_default_generator(device);
     }
   }
-  if (engine_ == Engine::kSnapshot) {
+  // auto without declared state has nothing to keep: the guard, unwatched.
+  const EngineKind kind = requested_ == EngineKind::kAuto && declared_.empty()
+                              ? EngineKind::kGuard
+                              : requested_;
+  engine_ = make_engine(kind, RegionJournal::global());
+  if (kind == EngineKind::kJournal || kind == EngineKind::kAuto) {
+    auto& reg = journal_registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
     for (const auto& [key, d] : declared_) {
-      snapshot_.save(key, ref_of(d.storage), whole(d.storage));
+      reg.storages.insert_or_assign(key, d.storage.getWeakStorageImpl());
     }
   }
-  if (engine_ == Engine::kJournal) {
-    journal_pin_ = RegionJournal::global().pin();
-    {
-      auto& reg = journal_registry();
-      std::lock_guard<std::mutex> lock(reg.mutex);
-      for (const auto& [key, d] : declared_) {
-        reg.storages.insert_or_assign(key, d.storage.getWeakStorageImpl());
-      }
-    }
+  for (const auto& [key, d] : declared_) {
+    engine_->declare(key, ref_of(d.storage));
+  }
+  if (options_.preserve_reads) {
+    reads_engine_ = make_engine(EngineKind::kJournal, RegionJournal::global());
+  }
+  if (kind == EngineKind::kJournal || kind == EngineKind::kAuto ||
+      options_.preserve_reads) {
     // Writes outside any segment are journaled too (Note [Write watch]).
     write_watch_acquire();
     watching_writes_ = true;
@@ -443,28 +399,11 @@ void Transaction::forward_access(
   if (d != declared_.end()) {
     const StorageRef ref = ref_of(d->second.storage);
     footprint_[key].add(fp);
-    switch (engine_) {
-      case Engine::kSnapshot:
-        break;
-      case Engine::kAuto:
-      case Engine::kReadset:
-        first_touch_.save(key, ref, fp);
-        break;
-      case Engine::kJournal:
-        start_hashes_.add(key, ref, fp);
-        break;
-      case Engine::kGuard:
-        start_hashes_.add(key, ref, fp);
-        if (write) {
-          first_touch_.save(key, ref, fp);  // only to roll back on abort
-        }
-        break;
-    }
+    // An operator that writes an argument may also read it first.
+    engine_->access(key, ref, fp, write ? Access::kReadWrite : Access::kRead);
     if (write) {
       writes_[key].add(fp);
-      if (journaled(key)) {
-        RegionJournal::global().record(key, ref, fp);
-      }
+      RegionJournal::global().record_if_watched(key, ref, fp);
     }
     return;
   }
@@ -479,9 +418,9 @@ void Transaction::forward_access(
     implicit_.save(key, ref, fp);
     footprint_[key].add(fp);
     writes_[key].add(fp);
-    if (journaled(key)) {
-      RegionJournal::global().record(key, ref, fp);
-    }
+    RegionJournal::global().record_if_watched(key, ref, fp);
+  } else if (reads_engine_) {
+    preserve_read(t, key, fp);
   } else if (options_.watch_reads) {
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     auto it = reads_.find(impl);
@@ -494,6 +433,22 @@ void Transaction::forward_access(
     }
     reads_.emplace(impl, watch(t, key));
   }
+}
+
+void Transaction::preserve_read(
+    const at::Tensor& t, StorageKey key, const RangeSet& fp) {
+  const StorageRef ref = ref_of(t.storage());
+  if (preserved_.insert(key).second) {
+    {
+      auto& reg = journal_registry();
+      std::lock_guard<std::mutex> lock(reg.mutex);
+      reg.storages.insert_or_assign(key, t.storage().getWeakStorageImpl());
+    }
+    written_external_.insert_or_assign(
+        key, External{t.storage().getWeakStorageImpl()});
+    reads_engine_->declare(key, ref);
+  }
+  reads_engine_->access(key, ref, fp, Access::kRead);
 }
 
 void Transaction::after_op(
@@ -538,7 +493,8 @@ Transaction::Watched Transaction::watch(const at::Tensor& t, StorageKey key) {
 }
 
 void Transaction::record_saved(const at::Tensor& t) {
-  if (!observable(t) || declared_.count(storage_key(t))) {
+  if (!observable(t) || declared_.count(storage_key(t)) ||
+      preserved_.count(storage_key(t))) {
     return;
   }
   saved_.push_back(watch(t, storage_key(t)));
@@ -565,7 +521,7 @@ void Transaction::end_forward() {
           0);
     }
   }
-  if (engine_ == Engine::kGuard) {
+  if (requested_ == EngineKind::kGuard) {
     for (const auto& [key, ranges] : writes_) {
       if (declared_.count(key)) {
         const std::string name = declared_.at(key).name;
@@ -578,25 +534,15 @@ void Transaction::end_forward() {
             key);
       }
     }
-    first_touch_.clear();
   }
-  if (engine_ == Engine::kAuto) {
-    int64_t touched = 0;
-    for (const auto& [key, d] : declared_) {
-      auto it = footprint_.find(key);
-      touched += it == footprint_.end() ? 0 : it->second.bytes();
-    }
-    engine_ = touched == 0                  ? Engine::kGuard
-              : touched == declared_bytes() ? Engine::kSnapshot
-                                            : Engine::kReadset;
-    if (engine_ == Engine::kSnapshot) {
-      // The first-touch bytes are the whole declared state: keep them as the
-      // snapshot (same bytes, no second copy).
-      std::swap(snapshot_, first_touch_);
-    }
+  engine_->end_forward();
+  if (reads_engine_) {
+    reads_engine_->end_forward();
   }
-  if (engine_ == Engine::kJournal) {
-    first_touch_.clear();
+  if (watching_writes_ && engine_->kind() != EngineKind::kJournal &&
+      !reads_engine_) {
+    write_watch_release();  // auto became the guard: nothing to watch
+    watching_writes_ = false;
   }
   generators_.record_end();
   for (const auto& [key, ranges] : footprint_) {
@@ -614,11 +560,12 @@ void Transaction::end_forward() {
 
 void Transaction::rollback() {
   const Resolver r = resolver();
-  if (journal_pin_ >= 0) {
-    RegionJournal::global().undo_to(journal_pin_, journal_resolver());
+  if (engine_) {
+    engine_->rollback(r);
   }
-  snapshot_.restore_all(r);
-  first_touch_.restore_all(r);
+  if (reads_engine_) {
+    reads_engine_->rollback(r);
+  }
   implicit_.restore_all(r);
   generators_.set_start();
 }
@@ -667,29 +614,16 @@ void Transaction::begin_replay() {
   replay_versioned_.clear();
   const Resolver r = resolver();
   // 1. Save the live bytes of everything the restore below rewrites.
-  switch (engine_) {
-    case Engine::kSnapshot:
-      for (const auto& [key, d] : declared_) {
-        live_.save(key, ref_of(d.storage), whole(d.storage));
+  for (const PreservationEngine* e : {engine_.get(), reads_engine_.get()}) {
+    if (e == nullptr) {
+      continue;
+    }
+    for (const auto& [key, ranges] : e->restored_regions()) {
+      StorageRef ref = r(key);
+      if (ref.base != nullptr) {
+        live_.save(key, ref, ranges);
       }
-      break;
-    case Engine::kReadset:
-    case Engine::kAuto:
-      for (StorageKey key : first_touch_.keys()) {
-        live_.save(key, r(key), first_touch_.saved(key));
-      }
-      break;
-    case Engine::kJournal:
-      for (const auto& [key, ranges] :
-           RegionJournal::global().touched_since(journal_pin_)) {
-        StorageRef ref = journal_resolver()(key);
-        if (ref.base != nullptr) {
-          live_.save(key, ref, ranges);
-        }
-      }
-      break;
-    case Engine::kGuard:
-      break;
+    }
   }
   for (StorageKey key : implicit_.keys()) {
     live_.save(key, r(key), implicit_.saved(key));
@@ -703,28 +637,35 @@ void Transaction::begin_replay() {
   replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
   // 2. Put B0 back, proving it where the engine kept only hashes.
   try {
-    if (engine_ == Engine::kJournal) {
-      RegionJournal::global().undo_to(journal_pin_, journal_resolver());
+    StorageKey bad = engine_->restore_start(r);
+    if (bad != 0) {
+      const bool guard = engine_->kind() == EngineKind::kGuard;
+      fail(
+          static_cast<int>(ErrorKind::kStateMutation),
+          "declared state '" + name_of(bad) + "' was modified after the " +
+              "forward by a write that engine='" + engine() +
+              "' cannot undo (" +
+              (guard ? "the guard engine keeps nothing"
+                     : "a write that bypassed the dispatcher (the memory of "
+                       ".numpy(), a raw pointer, a compiled kernel writing "
+                       "an input) is not journaled") +
+              "); use engine='readset' or 'snapshot' for this segment",
+          bad);
     }
-    if (engine_ == Engine::kJournal || engine_ == Engine::kGuard) {
-      StorageKey bad = start_hashes_.first_mismatch(r);
+    if (reads_engine_) {
+      bad = reads_engine_->restore_start(r);
       if (bad != 0) {
         fail(
             static_cast<int>(ErrorKind::kStateMutation),
-            "declared state '" + name_of(bad) + "' was modified after the " +
-                "forward by a write that engine='" + engine() +
-                "' cannot undo (" +
-                (engine_ == Engine::kGuard
-                     ? "the guard engine keeps nothing"
-                     : "a write that bypassed the dispatcher (.data, set_, "
-                       "a non-view alias, a compiled kernel writing an "
-                       "input) is not journaled") +
-                "); use engine='readset' or 'snapshot' for this segment",
+            "a tensor the checkpointed segment read was modified after the "
+            "forward by a write that bypassed the dispatcher (the memory of "
+            ".numpy(), a raw pointer, a compiled kernel writing an input), "
+            "so its forward value cannot be restored "
+            "(tr.config.detect='preserve' journals only dispatcher writes). "
+            "Declare it in state= with engine='readset' or 'snapshot'.",
             bad);
       }
     }
-    snapshot_.restore_all(r);
-    first_touch_.restore_all(r);
     implicit_.restore_all(r);
     generators_.set_start();
   } catch (...) {
@@ -774,7 +715,7 @@ void Transaction::replay_access(
     live_.save(key, ref, fp);
     remember_version(t);
   }
-  if (declared && engine_ != Engine::kSnapshot &&
+  if (declared && engine_->kind() != EngineKind::kSnapshot &&
       (fpit == footprint_.end() || !fpit->second.contains(fp))) {
     fail(
         static_cast<int>(ErrorKind::kStateMutation),
@@ -850,16 +791,16 @@ void Transaction::release() {
   if (phase_ == Phase::kReleased) {
     return;
   }
-  if (journal_pin_ >= 0) {
-    RegionJournal::global().unpin(journal_pin_);
-    journal_pin_ = -1;
+  if (engine_) {
+    engine_->release();
+  }
+  if (reads_engine_) {
+    reads_engine_->release();
   }
   if (watching_writes_) {
     write_watch_release();
     watching_writes_ = false;
   }
-  snapshot_.clear();
-  first_touch_.clear();
   implicit_.clear();
   live_.clear();
   phase_ = Phase::kReleased;
@@ -868,11 +809,8 @@ void Transaction::release() {
 // ---------------------------------------------------------- introspection
 
 int64_t Transaction::retained_bytes() const {
-  int64_t total = snapshot_.bytes() + first_touch_.bytes() + implicit_.bytes();
-  if (journal_pin_ >= 0) {
-    total += RegionJournal::global().bytes_since(journal_pin_);
-  }
-  return total;
+  return implicit_.bytes() + (engine_ ? engine_->retained_bytes() : 0) +
+         (reads_engine_ ? reads_engine_->retained_bytes() : 0);
 }
 
 void Transaction::track_random_use(

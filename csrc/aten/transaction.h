@@ -6,11 +6,10 @@
 // before_op / after_op), both in the forward and in the replay.
 //
 // Forward (begin_forward .. end_forward):
-//   * declared storages (state=) are preserved by the engine: whole snapshot
-//     at the start; read-set = the bytes of every region the segment touches,
-//     saved at first touch; journal = the old bytes of each destructive write
-//     in the process-wide RegionJournal (Note [Region journal]); guard = only
-//     hashes of the touched regions.
+//   * declared storages (state=) are preserved by the engine, one class of
+//     csrc/core/preservation_engine.h (Note [Preservation engines]): whole
+//     snapshot, read-set, copy-on-write journal, guard; `auto` is the journal
+//     if the segment touches declared state, the guard otherwise.
 //   * undeclared storages that existed before the segment and that it writes
 //     (BatchNorm running stats, counters, in-place ops on inputs) are kept
 //     like a read-set automatically (their first-touch bytes), so the replay
@@ -48,14 +47,11 @@
 #include <vector>
 
 #include "aten/generator_state.h"
+#include "core/preservation_engine.h"
 #include "core/region_journal.h"
 #include "core/region_store.h"
 
 namespace torch_replay::aten {
-
-enum class Engine { kAuto, kSnapshot, kJournal, kReadset, kGuard };
-Engine parse_engine(const std::string& name);
-std::string engine_name(Engine engine);
 
 // Address of the tensor's StorageImpl: the key of a storage everywhere.
 StorageKey storage_key(const at::Tensor& t);
@@ -71,6 +67,11 @@ struct TransactionOptions {
   // Also watch the version counters of every pre-existing tensor the segment
   // reads (not only those it saves for backward).
   bool watch_reads = false;
+  // Preserve every pre-existing tensor the segment reads, declared or not
+  // (tr.config.detect = "preserve"): copy-on-write journaling of its
+  // storage, as the journal engine does for declared state (Note [Preserved
+  // reads]).
+  bool preserve_reads = false;
 };
 
 class Transaction {
@@ -158,7 +159,7 @@ class Transaction {
 
   // ---- introspection ----
   std::string engine() const {
-    return engine_name(engine_);
+    return engine_name(engine_ ? engine_->kind() : requested_);
   }
   // Bytes kept from forward to replay by the engine (the journal counts the
   // entries recorded since this segment started, shared with later ones).
@@ -199,6 +200,7 @@ class Transaction {
 
   StorageRef resolve(StorageKey key) const;
   Resolver resolver() const;
+  void preserve_read(const at::Tensor& t, StorageKey key, const RangeSet& fp);
   void forward_access(
       const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
   void replay_access(
@@ -220,7 +222,8 @@ class Transaction {
   void keep_pending(F&& f) noexcept;
 
   TransactionOptions options_;
-  Engine engine_;
+  EngineKind requested_;
+  std::unique_ptr<PreservationEngine> engine_;  // from begin_forward
   Phase phase_ = Phase::kIdle;
   std::map<StorageKey, Declared> declared_;
   std::vector<std::pair<at::Generator, std::string>> declared_generators_;
@@ -248,13 +251,13 @@ class Transaction {
       grad_tainted_;
   bool last_op_tainted_ = false;
 
-  // Engine data.
-  RegionStore snapshot_;          // snapshot: whole declared storages
-  RegionStore first_touch_;       // read-set, and rollback of writes
-  RegionStore implicit_;          // undeclared pre-existing storages written
-  FootprintHashes start_hashes_;  // journal / guard: B0 of touched regions
-  FootprintHashes end_hashes_;    // B_T of touched regions
-  int64_t journal_pin_ = -1;
+  // Note [Preserved reads]: with preserve_reads, the pre-existing storages
+  // the segment reads are declared, at their first read, to a second journal
+  // engine; a later write to them anywhere first journals the old bytes.
+  std::unique_ptr<PreservationEngine> reads_engine_;
+  std::unordered_set<StorageKey> preserved_;
+  RegionStore implicit_;        // undeclared pre-existing storages written
+  FootprintHashes end_hashes_;  // B_T of touched regions
 
   // Replay bookkeeping.
   RegionStore live_;

@@ -1,6 +1,6 @@
 #pragma once
 
-// Exact capacity search (SPEC section 3.2): does an order with peak <= C
+// Exact capacity search (design.md §3.2): does an order with peak <= C
 // exist? Depth-first over ideal orders (chains of downsets) with dominance
 // closures, a per-state liveness bound and memoised failures.
 //

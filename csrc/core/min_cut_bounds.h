@@ -1,6 +1,6 @@
 #pragma once
 
-// Lower bounds on the optimal peak of a Problem (SPEC section 3.2), each from
+// Lower bounds on the optimal peak of a Problem (design.md §3.2), each from
 // minimum cuts computed with Boost.Graph's boykov_kolmogorov_max_flow.
 //
 // Note [Conditional event minimum]

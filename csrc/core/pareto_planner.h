@@ -1,6 +1,6 @@
 #pragma once
 
-// The joint preservation-aware planner (SPEC section 2.3): for each segment of
+// The joint preservation-aware planner (design.md §2.3): for each segment of
 // a model choose one option (eager, whole snapshot, region journal, read-set,
 // guard, ...) so that the summed time is minimal subject to
 //

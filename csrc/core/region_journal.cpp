@@ -1,17 +1,31 @@
 #include "core/region_journal.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "core/status.h"
 
 namespace torch_replay {
 
+// Bytes that an entry made since the newest pin already holds are not
+// recorded again: undo restores each byte from the oldest entry at or after a
+// pin, and every pin that exists now is at or before the newest one, so a
+// second entry for a byte is never the oldest for any of them (pins made later
+// lie after every entry of now). Dropping the newest pin leaves the covered set
+// smaller than the union since the new newest pin: more is recorded, never
+// less.
 int64_t RegionJournal::record(
-    StorageKey key, const StorageRef& storage, const RangeSet& ranges) {
+    StorageKey key, const StorageRef& storage, const RangeSet& in) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (pins_.empty() || ranges.empty()) {
+  if (pins_.empty() || in.empty()) {
     return -1;
   }
+  RangeSet& covered = covered_since_newest_pin_[key];
+  const RangeSet ranges = in.subtract(covered);
+  if (ranges.empty()) {
+    return -1;
+  }
+  covered.add(ranges);
   if (ranges.ranges().front().begin < 0 ||
       ranges.ranges().back().end > storage.nbytes) {
     throw ReplayException(
@@ -23,8 +37,44 @@ int64_t RegionJournal::record(
   return next_seq_++;
 }
 
+void RegionJournal::watch(StorageKey key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++watched_[key];
+}
+
+void RegionJournal::unwatch(StorageKey key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = watched_.find(key);
+  if (it == watched_.end()) {
+    throw ReplayException(
+        ErrorKind::kInternal, "journal: unwatch of an unwatched storage");
+  }
+  if (--it->second == 0) {
+    watched_.erase(it);
+  }
+}
+
+bool RegionJournal::watched(StorageKey key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return watched_.count(key) > 0;
+}
+
+bool RegionJournal::watching_any() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !watched_.empty();
+}
+
+int64_t RegionJournal::record_if_watched(
+    StorageKey key, const StorageRef& storage, const RangeSet& ranges) {
+  if (!watched(key)) {
+    return -1;
+  }
+  return record(key, storage, ranges);
+}
+
 int64_t RegionJournal::pin() {
   std::lock_guard<std::mutex> lock(mutex_);
+  covered_since_newest_pin_.clear();
   pins_.insert(next_seq_);
   return next_seq_;
 }
@@ -115,11 +165,14 @@ std::map<StorageKey, RangeSet> RegionJournal::touched_since(int64_t seq) const {
   return out;
 }
 
-int64_t RegionJournal::bytes_since(int64_t seq) const {
+int64_t RegionJournal::bytes_since(
+    int64_t seq, const std::vector<StorageKey>* keys) const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t total = 0;
   for (const auto& e : entries_) {
-    if (e.seq >= seq) {
+    if (e.seq >= seq &&
+        (keys == nullptr ||
+         std::find(keys->begin(), keys->end(), e.key) != keys->end())) {
       total += e.old_bytes->nbytes();
     }
   }

@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <vector>
 
 #include "core/region_store.h"
 
@@ -34,7 +35,8 @@ class RegionJournal {
   // Records the current bytes of `ranges` of storage `key`, which the caller
   // is about to overwrite. Returns the entry's sequence number. Entries are
   // recorded only while some position is pinned (otherwise nobody can need
-  // them) and -1 is returned.
+  // them), and only for bytes no entry since the newest pin holds; -1 is
+  // returned when nothing was recorded.
   int64_t record(
       StorageKey key, const StorageRef& storage, const RangeSet& ranges);
 
@@ -53,11 +55,28 @@ class RegionJournal {
 
   // Per storage, the union of regions recorded at or after `seq`.
   std::map<StorageKey, RangeSet> touched_since(int64_t seq) const;
-  // Bytes held by entries at or after `seq`.
-  int64_t bytes_since(int64_t seq) const;
+  // Bytes held by entries at or after `seq` (of the storages in `keys`
+  // only, when given).
+  int64_t bytes_since(
+      int64_t seq, const std::vector<StorageKey>* keys = nullptr) const;
   // Bytes held by the whole log.
   int64_t bytes() const;
   int64_t entries() const;
+
+  // Note [Journal watch]
+  // The storages whose writes are journaled, with a count of the engines
+  // that asked for each (a storage stays watched while any of them lives).
+  // Whoever sees a write coming (the segment observer, the write watch
+  // outside segments, the contract interpreter) calls record_if_watched
+  // first: one rule for every writer.
+  void watch(StorageKey key);
+  // Precondition: `key` is watched.
+  void unwatch(StorageKey key);
+  bool watched(StorageKey key) const;
+  bool watching_any() const;
+  // record() if `key` is watched; returns its sequence number or -1.
+  int64_t record_if_watched(
+      StorageKey key, const StorageRef& storage, const RangeSet& ranges);
 
   // The process-wide journal used by the checkpoint engines.
   static RegionJournal& global();
@@ -74,6 +93,9 @@ class RegionJournal {
   mutable std::mutex mutex_;
   std::deque<Entry> entries_;
   std::multiset<int64_t> pins_;
+  std::map<StorageKey, int64_t> watched_;
+  // Per storage, the bytes recorded since the newest pin (see record()).
+  std::map<StorageKey, RangeSet> covered_since_newest_pin_;
   int64_t next_seq_ = 0;
   int64_t bytes_ = 0;
 };

@@ -125,6 +125,37 @@ TEST(RegionJournalTest, EarlierSegmentKeepsLaterSegmentsWrites) {
   EXPECT_EQ(journal.bytes(), 0);
 }
 
+// A byte written again before the next pin keeps only its first old value;
+// a pin in between makes the second write's old bytes needed again.
+TEST(RegionJournalTest, RecordsEachByteOncePerPinInterval) {
+  RegionJournal journal;
+  Memory m;
+  for (size_t i = 0; i < m.a.size(); ++i)
+    m.a[i] = static_cast<uint8_t>(i);
+  const auto original = m.a;
+  const int64_t p0 = journal.pin();
+  RangeSet w;
+  w.add(8, 24);
+  journal.record(1, m.ref(1), w);
+  std::memset(m.a.data() + 8, 0x11, 16);
+  RangeSet wider;
+  wider.add(0, 32);
+  journal.record(1, m.ref(1), wider);  // only [0, 8) and [24, 32) are new
+  std::memset(m.a.data(), 0x22, 32);
+  EXPECT_EQ(journal.bytes(), 32);
+  const auto at_p1 = m.a;
+  const int64_t p1 = journal.pin();
+  journal.record(1, m.ref(1), w);  // needed to undo to p1
+  std::memset(m.a.data() + 8, 0x33, 16);
+  EXPECT_EQ(journal.bytes(), 48);
+  journal.undo_to(p1, m.resolver());
+  EXPECT_EQ(m.a, at_p1);
+  journal.undo_to(p0, m.resolver());
+  EXPECT_EQ(m.a, original);
+  journal.unpin(p1);
+  journal.unpin(p0);
+}
+
 TEST(RegionJournalTest, RecordsNothingWithoutPins) {
   RegionJournal journal;
   Memory m;

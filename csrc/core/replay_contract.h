@@ -1,7 +1,7 @@
 #pragma once
 
 // Note [Replay contract]
-// The reference semantics of SPEC section 2.1, independent of torch: a small
+// The reference semantics of design.md §2.1, independent of torch: a small
 // interpreter of programs over typed buffers that share storage.
 //
 //   storage 0: [ b0 b1 b2 b3 b4 b5 b6 b7 | b8 ... ]   raw bytes
@@ -26,7 +26,7 @@
 // accumulation is  vbar[p(k)] += vbar[k] * f'_k(z_k) * m_k * c_{k,p}  and
 // stops at int32 nodes; an input whose influence on the loss passes through
 // an int32 write or reinterpreted bytes gets no gradient value: it is
-// classified "unsupported" (SPEC 2.1), never given a number.
+// classified "unsupported" (design.md §2.1), never given a number.
 //
 // Segment boundaries split the ops into segments. The byte rule: replaying a
 // segment's ops from its start bytes B0 and generator state R0 must give its
@@ -36,14 +36,31 @@
 // region journal (undo newest first, redo to come back), read-set (the bytes
 // of the segment's footprint) and guard (keep nothing, refuse unless the
 // bytes the segment reads before writing them are still B0).
+//
+// The interpreter lives in four files: contract_program.cpp (programs and the
+// seeded generator), contract_bytes.cpp (the byte machine), contract_graph.cpp
+// (the version graph and its derivatives) and contract_checks.cpp (the checks
+// behind `python -m torch_replay.suites`; its byte and engine checks drive the
+// shipped engines of Note [Preservation engines]).
 
 #include <bitset>
 #include <complex>
 #include <cstdint>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace torch_replay::contract {
+
+// Each options / result struct below is followed by fields(), its members
+// by name, once: the Python binding (csrc/python/bind_contract.cpp) reads
+// and writes them through it instead of copying field by field.
+template <typename S, typename T>
+constexpr std::pair<const char*, T S::*> field(
+    const char* name, T S::* member) {
+  return {name, member};
+}
 
 constexpr int kMaxInputs = 512;
 using InputSet = std::bitset<kMaxInputs>;
@@ -157,6 +174,22 @@ struct GeneratorOptions {
   // values give two inputs of the same program.
   uint64_t init_seed = 0;
 };
+constexpr auto fields(const GeneratorOptions*) {
+  using O = GeneratorOptions;
+  return std::make_tuple(
+      field("buffers", &O::buffers),
+      field("min_elems", &O::min_elems),
+      field("max_elems", &O::max_elems),
+      field("ops", &O::ops),
+      field("segments", &O::segments),
+      field("alias_rate", &O::alias_rate),
+      field("overlap_rate", &O::overlap_rate),
+      field("rng_rate", &O::rng_rate),
+      field("int_write_rate", &O::int_write_rate),
+      field("cross_width_aliases", &O::cross_width_aliases),
+      field("ensure_overwrite", &O::ensure_overwrite),
+      field("init_seed", &O::init_seed));
+}
 
 // Preconditions: buffers >= 1, 2 <= min_elems <= max_elems, ops >= 1,
 // 1 <= segments <= ops, rates in [0, 1]. Throws ReplayException otherwise.
@@ -298,6 +331,16 @@ struct NumericResult {
   bool control_detected = false;  // final-storage control differs
   double control_mismatch = 0.0;
 };
+constexpr auto fields(const NumericResult*) {
+  using R = NumericResult;
+  return std::make_tuple(
+      field("outputs_exact", &R::outputs_exact),
+      field("max_grad_mismatch", &R::max_grad_mismatch),
+      field("coordinates", &R::coordinates),
+      field("unsupported", &R::unsupported),
+      field("control_detected", &R::control_detected),
+      field("control_mismatch", &R::control_mismatch));
+}
 NumericResult check_numeric(const Program& program);
 
 struct BytesResult {
@@ -312,6 +355,20 @@ struct BytesResult {
   int no_restore_wrong = 0;  // control: replay from the final bytes
   int64_t storage_ops = 0;
 };
+constexpr auto fields(const BytesResult*) {
+  using R = BytesResult;
+  return std::make_tuple(
+      field("segments", &R::segments),
+      field("snapshot_ok", &R::snapshot_ok),
+      field("undo_ok", &R::undo_ok),
+      field("redo_ok", &R::redo_ok),
+      field("readset_ok", &R::readset_ok),
+      field("guard_ok", &R::guard_ok),
+      field("guard_refused", &R::guard_refused),
+      field("wrong_rng_detected", &R::wrong_rng_detected),
+      field("no_restore_wrong", &R::no_restore_wrong),
+      field("storage_ops", &R::storage_ops));
+}
 BytesResult check_bytes(const Program& program);
 
 enum class EngineKind { kEager, kSnapshot, kJournal, kReadset, kGuard, kNone };
@@ -326,6 +383,16 @@ struct EngineResult {
   bool repeat_identical = false;  // second backward gives identical grads
   int64_t retained_bytes = 0;
 };
+constexpr auto fields(const EngineResult*) {
+  using R = EngineResult;
+  return std::make_tuple(
+      field("refused", &R::refused),
+      field("max_grad_error", &R::max_grad_error),
+      field("max_diff_eager", &R::max_diff_eager),
+      field("state_restored", &R::state_restored),
+      field("repeat_identical", &R::repeat_identical),
+      field("retained_bytes", &R::retained_bytes));
+}
 // Checkpointed backward: each segment is replayed (newest first) from the
 // state its engine restores, and its nodes' values are taken from the
 // replay. kNone restores only the generator (torch.utils.checkpoint).
@@ -336,6 +403,13 @@ struct ComplexStepResult {
   int unsupported = 0;
   double max_mismatch = 0.0;
 };
+constexpr auto fields(const ComplexStepResult*) {
+  using R = ComplexStepResult;
+  return std::make_tuple(
+      field("coordinates", &R::coordinates),
+      field("unsupported", &R::unsupported),
+      field("max_mismatch", &R::max_mismatch));
+}
 ComplexStepResult check_complex_step(const Program& program);
 
 }  // namespace torch_replay::contract

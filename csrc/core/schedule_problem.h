@@ -1,6 +1,6 @@
 #pragma once
 
-// The scheduling model of SPEC section 3.2: units (kernel calls) that produce
+// The scheduling model of design.md §3.2: units (kernel calls) that produce
 // and consume buffers, and the live bytes of a unit order.
 //
 // Note [Schedule memory model]

@@ -1,7 +1,7 @@
 #pragma once
 
 // solve(): best order found by heuristics and the exact capacity search, with
-// the min-cut lower bounds as a certificate of optimality (SPEC 3.2).
+// the min-cut lower bounds as a certificate of optimality (design.md §3.2).
 
 #include <cstdint>
 #include <string>

@@ -6,6 +6,8 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "core/replay_contract.h"
@@ -70,36 +72,32 @@ py::dict program_dict(const Program& p) {
   return d;
 }
 
+// A result struct as a dict, by its fields() (replay_contract.h).
+template <typename R>
+py::dict as_dict(const R& r) {
+  py::dict d;
+  std::apply(
+      [&](const auto&... f) { ((d[f.first] = r.*(f.second)), ...); },
+      fields(static_cast<const R*>(nullptr)));
+  return d;
+}
+
 GeneratorOptions options_from(const py::kwargs& kw) {
   GeneratorOptions o;
   for (auto item : kw) {
-    std::string k = py::cast<std::string>(item.first);
-    py::handle v = item.second;
-    if (k == "buffers") {
-      o.buffers = py::cast<int>(v);
-    } else if (k == "min_elems") {
-      o.min_elems = py::cast<int>(v);
-    } else if (k == "max_elems") {
-      o.max_elems = py::cast<int>(v);
-    } else if (k == "ops") {
-      o.ops = py::cast<int>(v);
-    } else if (k == "segments") {
-      o.segments = py::cast<int>(v);
-    } else if (k == "alias_rate") {
-      o.alias_rate = py::cast<double>(v);
-    } else if (k == "overlap_rate") {
-      o.overlap_rate = py::cast<double>(v);
-    } else if (k == "rng_rate") {
-      o.rng_rate = py::cast<double>(v);
-    } else if (k == "int_write_rate") {
-      o.int_write_rate = py::cast<double>(v);
-    } else if (k == "cross_width_aliases") {
-      o.cross_width_aliases = py::cast<bool>(v);
-    } else if (k == "ensure_overwrite") {
-      o.ensure_overwrite = py::cast<bool>(v);
-    } else if (k == "init_seed") {
-      o.init_seed = py::cast<uint64_t>(v);
-    } else {
+    const std::string k = py::cast<std::string>(item.first);
+    bool known = false;
+    std::apply(
+        [&](const auto&... f) {
+          ((k == f.first ? (o.*(f.second) =
+                                py::cast<std::decay_t<decltype(o.*(f.second))>>(
+                                    item.second),
+                            known = true)
+                         : false),
+           ...);
+        },
+        fields(static_cast<const GeneratorOptions*>(nullptr)));
+    if (!known) {
       throw py::type_error("generate_program: unknown option '" + k + "'");
     }
   }
@@ -137,7 +135,7 @@ py::dict evaluate(const Program& p) {
 TORCH_REPLAY_BINDINGS(contract) {
   auto c = m.def_submodule(
       "contract",
-      "Reference semantics of the replay contract (SPEC 2.1), torch-free.");
+      "Reference semantics of the replay contract (design.md §2.1), torch-free.");
   py::class_<Program>(c, "Program")
       .def("describe", &Program::describe)
       .def("to_dict", &program_dict)
@@ -155,51 +153,17 @@ TORCH_REPLAY_BINDINGS(contract) {
     return translate_errors([&] { return evaluate(p); });
   });
   c.def("check_numeric", [](const Program& p) {
-    NumericResult r = translate_errors([&] { return check_numeric(p); });
-    py::dict d;
-    d["outputs_exact"] = r.outputs_exact;
-    d["max_grad_mismatch"] = r.max_grad_mismatch;
-    d["coordinates"] = r.coordinates;
-    d["unsupported"] = r.unsupported;
-    d["control_detected"] = r.control_detected;
-    d["control_mismatch"] = r.control_mismatch;
-    return d;
+    return as_dict(translate_errors([&] { return check_numeric(p); }));
   });
   c.def("check_bytes", [](const Program& p) {
-    BytesResult r = translate_errors([&] { return check_bytes(p); });
-    py::dict d;
-    d["segments"] = r.segments;
-    d["snapshot_ok"] = r.snapshot_ok;
-    d["undo_ok"] = r.undo_ok;
-    d["redo_ok"] = r.redo_ok;
-    d["readset_ok"] = r.readset_ok;
-    d["guard_ok"] = r.guard_ok;
-    d["guard_refused"] = r.guard_refused;
-    d["wrong_rng_detected"] = r.wrong_rng_detected;
-    d["no_restore_wrong"] = r.no_restore_wrong;
-    d["storage_ops"] = r.storage_ops;
-    return d;
+    return as_dict(translate_errors([&] { return check_bytes(p); }));
   });
   c.def("check_engine", [](const Program& p, const std::string& engine) {
-    EngineResult r = translate_errors(
-        [&] { return check_engine(p, parse_engine_kind(engine)); });
-    py::dict d;
-    d["refused"] = r.refused;
-    d["max_grad_error"] = r.max_grad_error;
-    d["max_diff_eager"] = r.max_diff_eager;
-    d["state_restored"] = r.state_restored;
-    d["repeat_identical"] = r.repeat_identical;
-    d["retained_bytes"] = r.retained_bytes;
-    return d;
+    return as_dict(translate_errors(
+        [&] { return check_engine(p, parse_engine_kind(engine)); }));
   });
   c.def("check_complex_step", [](const Program& p) {
-    ComplexStepResult r =
-        translate_errors([&] { return check_complex_step(p); });
-    py::dict d;
-    d["coordinates"] = r.coordinates;
-    d["unsupported"] = r.unsupported;
-    d["max_mismatch"] = r.max_mismatch;
-    return d;
+    return as_dict(translate_errors([&] { return check_complex_step(p); }));
   });
 }
 

@@ -3,24 +3,29 @@
 ::
 
     report = tr.audit(model, x)          # each child module is a candidate segment
-    print(report)                        # readable; report.to_dict() / report.to_json()
+    print(report)                        # a table, then each segment; report.to_dict() / to_json()
 
-    python -m torch_replay.audit pkg.module:factory [--json] [--segments a,b.c]
+    python -m torch_replay.audit mymodel:make [--json] [--segments a,b.c]
 
-``factory()`` returns ``(module_or_fn, example_inputs)``. For each candidate segment the
-report lists the hidden state SPEC section 1 names: buffers and parameters mutated in
-forward, tensors read that are not inputs (and whether something writes them later),
-generators drawn from (default and explicit), storages aliased under different views or
-dtypes, overlapping writes, integer writes on gradient paths. The verdict says whether
-``torch.utils.checkpoint`` would be exact, what ``state=`` to declare, which engine
-``engine="auto"`` chooses and how many bytes it keeps (measured by running
-``torch_replay.checkpoint`` on the segment; the model's state is put back afterwards).
+``make()`` returns ``(module_or_fn, example_inputs)``; ``mymodel`` is a module found from
+the current directory (or give a file: ``path/to/mymodel.py:make``). For each candidate
+segment the report lists the hidden state a checkpoint re-run can get wrong: buffers and
+parameters mutated in forward, tensors read that are not inputs (and whether something
+writes them later), generators drawn from (default and explicit), storages aliased under
+different views or dtypes, overlapping writes, integer writes on gradient paths. The
+verdict says whether ``torch.utils.checkpoint`` would be exact and, if not, what goes wrong
+(a double update of state, or a wrong gradient), the ``torch_replay.checkpoint`` call to
+write (with its ``state=[...]``), which engine ``engine="auto"`` chooses and how many
+bytes it keeps (measured by running ``torch_replay.checkpoint`` on the segment; the model's
+state is put back afterwards). Exit status: 0 when every segment is exact under
+``torch.utils.checkpoint``, 1 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +37,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves
 
-from ._observe import _op_info
+from .._observe import _op_info
 
 __all__ = ["AuditReport", "SegmentAudit", "audit", "main"]
 
@@ -85,6 +90,42 @@ class SegmentAudit:
         """A JSON-ready dict."""
         return {k: getattr(self, k) for k in self.__slots__}
 
+    def code_state(self, root_var: str = "model") -> list[str]:
+        """The ``state=`` entries as Python expressions on the audited model.
+
+        Args:
+            root_var: the variable that holds the audited model.
+
+        Returns:
+            One expression per declared tensor or generator (``model.head.queue``);
+            names that are not attribute paths (captured tensors) are kept as text.
+            The default generator is left out (torch_replay preserves it unless
+            ``preserve_rng_state=False``).
+        """
+        out = []
+        for n in self.state:
+            if n.startswith("torch.default_generator"):
+                continue
+            out.append(_python_name(n, root_var) or f"<{n}>")
+        return out
+
+    def code(self, root_var: str = "model", input_var: str = "x") -> str:
+        """The ``torch_replay.checkpoint`` call to write for this segment.
+
+        Args:
+            root_var: the variable that holds the audited model.
+            input_var: the segment's input.
+
+        Returns:
+            One line of Python, e.g. ``tr.checkpoint(model.head, x,
+            use_reentrant=False, state=[model.head.queue])``.
+        """
+        fn = _python_name(f"{self.name} (buffer)", root_var) if self.kind != "function" else None
+        fn = fn or (root_var if self.name == "<root>" else self.name)
+        state = self.code_state(root_var)
+        arg = f", state=[{', '.join(state)}]" if state else ""
+        return f"tr.checkpoint({fn}, {input_var}, use_reentrant=False{arg})"
+
 
 @dataclass(kw_only=True, slots=True)
 class AuditReport:
@@ -123,6 +164,21 @@ class AuditReport:
         lines = [f"torch_replay.audit: {self.target}"]
         if self.error:
             lines.append(f"the model itself failed: {self.error}")
+        lines.append("")
+        head = ("segment", "kind", "torch.utils.checkpoint", "declare in state=", "auto engine")
+        table = [head]
+        for s in self.segments:
+            verdict = "exact" if s.torch_checkpoint_exact else "NOT exact"
+            if not s.needs_grad:
+                verdict += " (no grad)"
+            n = len(s.code_state())
+            engine = "refused" if s.torch_replay_error else (s.auto_engine or "-")
+            if s.auto_engine and s.retained_bytes is not None and not s.torch_replay_error:
+                engine += f", keeps {_fmt_bytes(s.retained_bytes)}"
+            table.append((s.name, s.kind, verdict, str(n) if n else "-", engine))
+        widths = [max(len(r[c]) for r in table) for c in range(len(head))]
+        for r in table:
+            lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
         for s in self.segments:
             mark = "exact" if s.torch_checkpoint_exact else "NOT exact"
             if not s.needs_grad:
@@ -140,24 +196,48 @@ class AuditReport:
             ]
             for label, items in rows:
                 if items:
-                    shown = ", ".join(items[:6]) + (
-                        f" (+{len(items) - 6})" if len(items) > 6 else ""
-                    )
-                    lines.append(f"  {label:<24}{shown}")
+                    lines.append(f"  {label:<24}{_cut(items, 6)}")
             for r in s.reasons:
                 lines.append(f"  ! {r}")
             if s.torch_replay_error:
                 lines.append(f"  torch_replay refuses: {s.torch_replay_error}")
             else:
-                state = "[" + ", ".join(s.state) + "]" if s.state else "None"
-                lines.append(f"  torch_replay.checkpoint: state={state}")
+                lines.append(f"  write: {s.code()}")
                 if s.auto_engine is not None:
                     lines.append(
                         f"  engine auto -> {s.auto_engine}, keeps {s.retained_bytes:,} bytes"
                     )
         if self.outside:
-            lines.append("\nwritten outside the segments: " + ", ".join(self.outside[:8]))
+            lines.append("\nwritten outside the segments: " + _cut(self.outside, 8))
         return "\n".join(lines)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _cut(items: Sequence[str], limit: int) -> str:
+    """``a, b, c, … (N more)``: at most ``limit`` items, and how many were left out."""
+    items = list(items)
+    if len(items) <= limit:
+        return ", ".join(items)
+    return ", ".join(items[:limit]) + f", … ({len(items) - limit} more, {len(items)} in all)"
+
+
+def _python_name(name: str, root_var: str = "model") -> str | None:
+    """``head.bn.running_mean (buffer)`` -> ``model.head.bn.running_mean``; None if not a path."""
+    for suffix in (" (buffer)", " (parameter)", " (generator)"):
+        if name.endswith(suffix):
+            path = name[: -len(suffix)]
+            if path and all(part.isidentifier() or part.isdigit() for part in path.split(".")):
+                return root_var + "".join(
+                    f"[{p}]" if p.isdigit() else f".{p}" for p in path.split(".")
+                )
+            return None
+    return None
 
 
 # ------------------------------------------------------------------ observation
@@ -435,17 +515,22 @@ def _verdict(a: _Auditor, seg: _SegState, root: nn.Module | None) -> SegmentAudi
     reasons = []
     if out.mutated_in_forward:
         reasons.append(
-            "it writes pre-existing state; torch's re-run writes it again "
-            f"({', '.join(out.mutated_in_forward[:3])})"
+            "double update: torch.utils.checkpoint runs the forward again during backward, "
+            "so this state is updated twice per step (BatchNorm statistics move two steps, "
+            f"counters count twice): {_cut(out.mutated_in_forward, 3)}"
         )
     if out.mutated_after_read:
         reasons.append(
-            "state it reads is modified before backward; torch's re-run reads the new "
-            f"value ({', '.join(out.mutated_after_read[:3])})"
+            "wrong gradient: this state changes between the forward and the backward, and "
+            "torch.utils.checkpoint's re-run reads the new value, so the gradient is that of a "
+            f"forward that never ran: {_cut(out.mutated_after_read, 3)}"
         )
     explicit = [g for g in out.generators if not g.startswith("default")]
     if explicit:
-        reasons.append(f"torch does not preserve explicit generators ({', '.join(explicit)})")
+        reasons.append(
+            "wrong gradient: torch.utils.checkpoint restores only the default generators, so "
+            f"the re-run draws other random numbers from {_cut(explicit, 3)}"
+        )
     if out.overlapping_writes:
         reasons.append("raw overlapping writes (rejected by torch and torch_replay)")
     if out.integer_writes_on_grad_path:
@@ -638,6 +723,24 @@ def audit(
     return report
 
 
+def _import_target(target: str) -> Any:
+    """Import ``pkg.module`` from the current directory, or a ``.py`` file by path."""
+    import os
+
+    if target.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(
+            os.path.splitext(os.path.basename(target))[0], target
+        )
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"error: cannot load {target}")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    return importlib.import_module(target)
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m torch_replay.audit pkg.module:factory [--json] [--segments a,b]``.
 
@@ -652,15 +755,22 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("factory", help="pkg.module:callable returning (model_or_fn, inputs)")
+    ap.add_argument(
+        "factory",
+        help="pkg.module:callable (from the current directory) or path/to/file.py:callable, "
+        "returning (model_or_fn, example_inputs)",
+    )
     ap.add_argument("--json", action="store_true", help="print JSON instead of text")
-    ap.add_argument("--segments", default=None, help="comma-separated module paths")
+    ap.add_argument(
+        "--segments",
+        default=None,
+        help="comma-separated module paths to audit (default: the model's children)",
+    )
     args = ap.parse_args(argv)
-    mod_name, _, attr = args.factory.partition(":")
-    if not attr:
-        ap.error("factory must be given as pkg.module:callable")
-    sys.path.insert(0, "")
-    made = getattr(importlib.import_module(mod_name), attr)()
+    target, _, attr = args.factory.rpartition(":")
+    if not target or not attr:
+        ap.error("factory must be given as pkg.module:callable or path/to/file.py:callable")
+    made = getattr(_import_target(target), attr)()
     model, inputs = made
     if not isinstance(inputs, (tuple, list)):
         inputs = (inputs,)
@@ -668,7 +778,3 @@ def main(argv: list[str] | None = None) -> int:
     report = audit(model, *inputs, segments=segs)
     print(report.to_json() if args.json else report)
     return 0 if all(s.torch_checkpoint_exact for s in report.segments) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

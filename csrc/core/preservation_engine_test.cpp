@@ -1,0 +1,247 @@
+#include "core/preservation_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "core/status.h"
+
+namespace torch_replay {
+namespace {
+
+// Three storages of raw bytes, keys 1..3, all declared.
+struct Memory {
+  std::vector<std::vector<uint8_t>> s = {
+      std::vector<uint8_t>(128),
+      std::vector<uint8_t>(64),
+      std::vector<uint8_t>(40)};
+  StorageRef ref(StorageKey key) {
+    auto& v = s.at(key - 1);
+    return {v.data(), static_cast<int64_t>(v.size()), &host_device()};
+  }
+  Resolver resolver() {
+    return [this](StorageKey k) { return ref(k); };
+  }
+};
+
+struct Touch {
+  StorageKey key;
+  RangeSet ranges;
+  Access access;
+};
+
+RangeSet random_ranges(std::mt19937& rng, int64_t size) {
+  std::uniform_int_distribution<int> nr(1, 2), len(1, 16);
+  RangeSet r;
+  for (int i = nr(rng); i > 0; --i) {
+    int64_t l = std::min<int64_t>(len(rng), size);
+    int64_t b = std::uniform_int_distribution<int64_t>(0, size - l)(rng);
+    r.add(b, b + l);
+  }
+  return r;
+}
+
+Touch random_touch(std::mt19937& rng, Memory& m, bool writes) {
+  std::uniform_int_distribution<int> which(1, 3), kind(0, writes ? 2 : 0);
+  Touch t;
+  t.key = which(rng);
+  t.ranges = random_ranges(rng, static_cast<int64_t>(m.s[t.key - 1].size()));
+  t.access = static_cast<Access>(kind(rng));
+  return t;
+}
+
+void scribble(Memory& m, const Touch& t, std::mt19937& rng) {
+  auto& v = m.s[t.key - 1];
+  for (const auto& r : t.ranges.ranges()) {
+    for (int64_t i = r.begin; i < r.end; ++i) {
+      v[i] = static_cast<uint8_t>(rng());
+    }
+  }
+}
+
+// Bytes of `m` over the regions a segment accessed.
+std::vector<uint8_t> over(
+    Memory& m, const std::vector<Touch>& touches, bool exposed_only) {
+  std::vector<uint8_t> out;
+  std::vector<RangeSet> written(3);
+  for (const Touch& t : touches) {
+    RangeSet r = t.ranges;
+    if (exposed_only) {
+      r = t.access == Access::kWrite ? RangeSet()
+                                     : r.subtract(written[t.key - 1]);
+    }
+    for (const auto& x : r.ranges()) {
+      const auto& v = m.s[t.key - 1];
+      out.insert(out.end(), v.begin() + x.begin, v.begin() + x.end);
+    }
+    if (t.access != Access::kRead) {
+      written[t.key - 1].add(t.ranges);
+    }
+  }
+  return out;
+}
+
+// Segments, each under its own engine, accessing and writing declared
+// storages; more writes between the segments and after the last one (the
+// training loop), each recorded through the journal's watch first. Then,
+// newest segment first, the re-run protocol: save the live bytes, restore
+// B0, compare with the bytes the forward saw, put the live bytes back.
+void check_engine(EngineKind kind, bool writes_in_segments) {
+  std::mt19937 rng(static_cast<unsigned>(kind) * 7919 + writes_in_segments);
+  for (int trial = 0; trial < 200; ++trial) {
+    Memory m;
+    for (auto& v : m.s) {
+      for (auto& b : v) {
+        b = static_cast<uint8_t>(rng());
+      }
+    }
+    RegionJournal journal;
+    std::vector<std::unique_ptr<PreservationEngine>> engines;
+    std::vector<std::vector<Touch>> touches;
+    std::vector<Memory> start;
+    auto outside_write = [&] {
+      Touch t = random_touch(rng, m, true);
+      journal.record_if_watched(t.key, m.ref(t.key), t.ranges);
+      scribble(m, t, rng);
+    };
+    const int segments = 1 + trial % 3;
+    for (int s = 0; s < segments; ++s) {
+      start.push_back(m);
+      engines.push_back(make_engine(kind, journal));
+      for (StorageKey k = 1; k <= 3; ++k) {
+        engines.back()->declare(k, m.ref(k));
+      }
+      touches.emplace_back();
+      for (int i = 0; i < 4; ++i) {
+        Touch t = random_touch(rng, m, writes_in_segments);
+        engines.back()->access(t.key, m.ref(t.key), t.ranges, t.access);
+        if (t.access != Access::kRead) {
+          journal.record_if_watched(t.key, m.ref(t.key), t.ranges);
+          scribble(m, t, rng);
+        }
+        touches.back().push_back(t);
+      }
+      engines.back()->end_forward();
+      if (trial % 2) {
+        outside_write();
+      }
+    }
+    outside_write();
+    const Memory live = m;
+    for (int s = segments - 1; s >= 0; --s) {
+      RegionStore saved;
+      for (const auto& [key, ranges] : engines[s]->restored_regions()) {
+        saved.save(key, m.ref(key), ranges);
+      }
+      const StorageKey bad = engines[s]->restore_start(m.resolver());
+      Memory b0 = start[s];
+      if (kind == EngineKind::kGuard) {
+        // Refuses exactly when an exposed read changed.
+        const bool changed =
+            over(m, touches[s], true) != over(b0, touches[s], true);
+        EXPECT_EQ(bad != 0, changed) << "trial " << trial << " segment " << s;
+      } else {
+        ASSERT_EQ(bad, 0u) << "trial " << trial << " segment " << s;
+        EXPECT_EQ(over(m, touches[s], false), over(b0, touches[s], false))
+            << engine_name(kind) << " trial " << trial << " segment " << s;
+      }
+      saved.restore_all(m.resolver());
+      EXPECT_EQ(m.s, live.s) << "the live bytes came back, trial " << trial;
+    }
+    for (auto& e : engines) {
+      e->release();
+    }
+    EXPECT_EQ(journal.bytes(), 0);
+    EXPECT_FALSE(journal.watching_any());
+  }
+}
+
+TEST(PreservationEngineTest, SnapshotRestoresTheForwardsBytes) {
+  check_engine(EngineKind::kSnapshot, true);
+}
+TEST(PreservationEngineTest, ReadsetRestoresTheForwardsBytes) {
+  check_engine(EngineKind::kReadset, true);
+}
+TEST(PreservationEngineTest, JournalRestoresTheForwardsBytes) {
+  check_engine(EngineKind::kJournal, true);
+}
+TEST(PreservationEngineTest, AutoRestoresTheForwardsBytes) {
+  check_engine(EngineKind::kAuto, true);
+}
+TEST(PreservationEngineTest, GuardRefusesExactlyWhenAnExposedReadChanged) {
+  check_engine(EngineKind::kGuard, true);
+  check_engine(EngineKind::kGuard, false);
+}
+
+TEST(PreservationEngineTest, ReadOnlyStateCostsNothingUntilWritten) {
+  Memory m;
+  RegionJournal journal;
+  auto e = make_engine(EngineKind::kAuto, journal);
+  e->declare(1, m.ref(1));
+  RangeSet r;
+  r.add(0, 128);
+  e->access(1, m.ref(1), r, Access::kRead);
+  e->end_forward();
+  EXPECT_EQ(e->kind(), EngineKind::kJournal);
+  EXPECT_EQ(e->retained_bytes(), 0);
+  RangeSet w;
+  w.add(8, 24);
+  journal.record_if_watched(1, m.ref(1), w);  // a later write: 16 bytes kept
+  EXPECT_EQ(e->retained_bytes(), 16);
+  RangeSet other;
+  other.add(0, 8);
+  journal.record_if_watched(2, m.ref(2), other);  // not watched
+  EXPECT_EQ(e->retained_bytes(), 16);
+}
+
+TEST(
+    PreservationEngineTest, AutoWithoutAccessBecomesTheGuardAndWatchesNothing) {
+  Memory m;
+  RegionJournal journal;
+  auto e = make_engine(EngineKind::kAuto, journal);
+  e->declare(1, m.ref(1));
+  EXPECT_TRUE(journal.watching_any());
+  e->end_forward();
+  EXPECT_EQ(e->kind(), EngineKind::kGuard);
+  EXPECT_FALSE(journal.watching_any());
+  EXPECT_FALSE(journal.recording());
+}
+
+TEST(PreservationEngineTest, RollbackPutsBackWhatTheForwardWrote) {
+  for (EngineKind kind :
+       {EngineKind::kSnapshot,
+        EngineKind::kJournal,
+        EngineKind::kReadset,
+        EngineKind::kGuard,
+        EngineKind::kAuto}) {
+    std::mt19937 rng(5);
+    Memory m;
+    const Memory before = m;
+    RegionJournal journal;
+    auto e = make_engine(kind, journal);
+    for (StorageKey k = 1; k <= 3; ++k) {
+      e->declare(k, m.ref(k));
+    }
+    for (int i = 0; i < 6; ++i) {
+      Touch t = random_touch(rng, m, true);
+      e->access(t.key, m.ref(t.key), t.ranges, t.access);
+      if (t.access != Access::kRead) {
+        journal.record_if_watched(t.key, m.ref(t.key), t.ranges);
+        scribble(m, t, rng);
+      }
+    }
+    e->rollback(m.resolver());
+    EXPECT_EQ(m.s, before.s) << engine_name(kind);
+  }
+}
+
+TEST(PreservationEngineTest, NamesAreDefinedOnce) {
+  for (size_t i = 0; i < engine_names().size(); ++i) {
+    EXPECT_EQ(parse_engine(engine_names()[i]), static_cast<EngineKind>(i));
+  }
+  EXPECT_THROW(parse_engine("bogus"), ReplayException);
+}
+
+}  // namespace
+}  // namespace torch_replay

@@ -1,0 +1,232 @@
+"""tr.checkpoint under FSDP2 (fully_shard) and DDP: 2 spawned processes, gloo on
+127.0.0.1, a free port chosen at run time, a bounded wait. The reference is
+torch.utils.checkpoint under the same sharding (bitwise), and eager PyTorch for
+a MoCo-style queue declared as state (Note [FSDP traffic] in torch_replay/fsdp.py)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.utils.checkpoint as tcp
+
+import torch_replay as tr
+
+WORLD = 2
+TIMEOUT_S = 120  # the wait for both workers; each test takes well under it
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, port, out_dir, job):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+        result = job(rank)
+        dist.destroy_process_group()
+    except BaseException:
+        result = {"error": traceback.format_exc()}
+    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+
+
+def _spawn(job) -> list:
+    """Runs ``job(rank)`` in WORLD processes; returns what each returned."""
+    with tempfile.TemporaryDirectory() as out_dir:
+        ctx = mp.start_processes(
+            _worker,
+            args=(_free_port(), out_dir, job),
+            nprocs=WORLD,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = TIMEOUT_S
+        while not ctx.join(timeout=5):
+            deadline -= 5
+            if deadline <= 0:
+                for p in ctx.processes:
+                    p.kill()
+                pytest.fail(f"distributed workers did not finish within {TIMEOUT_S} s")
+        results = []
+        for r in range(WORLD):
+            with open(os.path.join(out_dir, f"{r}.pkl"), "rb") as f:
+                results.append(pickle.load(f))
+    for res in results:
+        assert "error" not in res, res.get("error")
+    return results
+
+
+# ------------------------------------------------------------------ models
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, ck, inside: bool, reentrant: bool):
+        super().__init__()
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16)
+        )
+        self.ck, self.inside, self.reentrant = ck, inside, reentrant
+
+    def forward(self, x):
+        if self.inside:
+            return x + self.ck(self.net, x, use_reentrant=self.reentrant)
+        return x + self.net(x)
+
+
+def _fsdp_run(which: str, inside: bool, reentrant: bool, steps: int, rank: int):
+    from torch.distributed.fsdp import fully_shard
+
+    ck = tcp.checkpoint if which == "torch" else tr.checkpoint
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(ck, inside, reentrant) for _ in range(3)])
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(100 + rank)
+    grads = []
+    for _ in range(steps):
+        h = torch.randn(8, 16, generator=gen, requires_grad=True)
+        for block in model:
+            h = block(h) if inside else ck(block, h, use_reentrant=reentrant)
+        h.pow(2).mean().backward()
+        grads.append([p.grad.to_local().clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad()
+    return grads, [p.detach().to_local().clone() for p in model.parameters()]
+
+
+def _fsdp_job(inside, rank):
+    out = {}
+    for reentrant in (False, True):
+        key = f"{'inside' if inside else 'around'}-{'reentrant' if reentrant else 'plain'}"
+        out[key] = {w: _fsdp_run(w, inside, reentrant, 20, rank) for w in ("torch", "tr")}
+    return out
+
+
+@pytest.mark.parametrize("inside", [True, False], ids=["inside", "around"])
+def test_fsdp2_twenty_steps_bitwise_against_torch_checkpoint(inside):
+    """Checkpoint inside the sharded module and around it, reentrant and not."""
+    for res in _spawn(functools.partial(_fsdp_job, inside)):
+        assert len(res) == 2
+        for key, by in res.items():
+            (g_t, p_t), (g_r, p_r) = by["torch"], by["tr"]
+            assert len(g_t) == len(g_r) == 20, key
+            for step, (a, b) in enumerate(zip(g_t, g_r, strict=True)):
+                for x, y in zip(a, b, strict=True):
+                    assert torch.equal(x, y), (key, step, (x - y).abs().max())
+            for x, y in zip(p_t, p_r, strict=True):
+                assert torch.equal(x, y), key
+
+
+class _QueueHead(torch.nn.Module):
+    """A MoCo-style head: logits against a queue of negatives kept as a buffer."""
+
+    def __init__(self, inside: str | None = None):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 16)
+        self.register_buffer("queue", torch.nn.functional.normalize(torch.randn(32, 16), dim=1))
+        self.inside = inside
+
+    def logits(self, q):
+        q = torch.nn.functional.normalize(self.proj(q), dim=1)
+        return q @ self.queue.t() / 0.1
+
+    def forward(self, q):
+        if self.inside == "queue":
+            return tr.checkpoint(self.logits, q, use_reentrant=False, state=[self.queue])
+        if self.inside == "module":  # inside forward, FSDP has unsharded the parameters
+            return tr.checkpoint(self.logits, q, use_reentrant=False, state=[self])
+        return self.logits(q)
+
+
+def _moco_job(rank):
+    from torch.distributed.fsdp import fully_shard
+
+    out = {}
+    for mode in ("eager", "tr-around", "tr-inside-queue", "tr-inside-module"):
+        torch.manual_seed(0)
+        head = _QueueHead(inside=mode[len("tr-inside-") :] if "inside" in mode else None)
+        fully_shard(head)
+        opt = torch.optim.SGD(head.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(7 + rank)
+        grads = []
+        for _ in range(6):
+            q = torch.randn(8, 16, generator=gen)
+            keys = torch.nn.functional.normalize(torch.randn(8, 16, generator=gen), dim=1)
+            if mode == "tr-around":
+                logits = tr.checkpoint(head, q, use_reentrant=False, state=[head])
+            else:
+                logits = head(q)
+            loss = torch.nn.functional.cross_entropy(logits, torch.zeros(8, dtype=torch.long))
+            enqueue = lambda head=head, keys=keys: head.queue[:8].copy_(keys)  # noqa: E731
+            if mode != "eager":
+                with torch.no_grad():
+                    enqueue()  # in place between forward and backward, as MoCo does
+            loss.backward()
+            if mode == "eager":
+                with torch.no_grad():
+                    enqueue()  # eager saved the queue: enqueue after backward
+            grads.append([p.grad.to_local().clone() for p in head.parameters()])
+            opt.step()
+            opt.zero_grad()
+            with torch.no_grad():
+                head.queue.copy_(head.queue.roll(8, 0))
+        out[mode] = grads
+    return out
+
+
+def test_fsdp2_moco_queue_declared_state_gives_eager_gradient():
+    for res in _spawn(_moco_job):
+        for mode in ("tr-around", "tr-inside-queue", "tr-inside-module"):
+            for a, b in zip(res["eager"], res[mode], strict=True):
+                for x, y in zip(a, b, strict=True):
+                    assert torch.equal(x, y), (mode, (x - y).abs().max())
+
+
+def _ddp_job(rank):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    out = {}
+    for reentrant in (False, True):
+        for which, ck in (("torch", tcp.checkpoint), ("tr", tr.checkpoint)):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(*[_Block(ck, True, reentrant) for _ in range(3)])
+            ddp = DDP(model, static_graph=reentrant)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+            gen = torch.Generator().manual_seed(100 + rank)
+            grads = []
+            for _ in range(10):
+                x = torch.randn(8, 16, generator=gen, requires_grad=True)
+                ddp(x).pow(2).mean().backward()
+                grads.append([p.grad.clone() for p in ddp.parameters()])
+                opt.step()
+                opt.zero_grad()
+            out[(which, reentrant)] = grads
+    return out
+
+
+def test_ddp_bitwise_against_torch_checkpoint():
+    results = _spawn(_ddp_job)
+    for res in results:
+        for reentrant in (False, True):
+            for a, b in zip(res[("torch", reentrant)], res[("tr", reentrant)], strict=True):
+                for x, y in zip(a, b, strict=True):
+                    assert torch.equal(x, y), (reentrant, (x - y).abs().max())
+    # DDP all-reduces: both ranks hold the same gradients
+    for a, b in zip(results[0][("tr", False)], results[1][("tr", False)], strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x, y)
