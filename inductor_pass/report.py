@@ -142,6 +142,13 @@ class GraphReport:
         ]
         if self.reason:
             lines.append(f"  why: {self.reason}")
+        for c in self.recomputed:  # the lower bound above is of permutations only
+            lines.append(
+                f"  recomputed {c.get('names')} "
+                f"({c.get('bytes')} B) before {c.get('late_use')}: {c.get('extra_macs')} MACs"
+            )
+        if self.recompute_note and not self.recomputed:
+            lines.append(f"  recomputation: {self.recompute_note}")
         for note in self.notes[:3]:
             lines.append(f"  note: {note}")
         if len(self.notes) > 3:
