@@ -59,6 +59,7 @@ _SOURCES = (
     "first_call.py",
     "guard.py",
     "permute.py",
+    "recompute.py",
     "report.py",
     "rewrite.py",
     "units.py",

@@ -43,6 +43,15 @@ class PassConfig:
     decision_cache: bool = True
     """Cache each graph's decision on disk, keyed by the wrapper's source, the pass and
     the call (Note [Decision cache] in ``inductor_pass/decision_cache.py``)."""
+    recompute: bool = False
+    """Selective recomputation after the chosen order (Note [Recomputation in the
+    wrapper] in ``inductor_pass/recompute.py``): free long-lived buffers early and
+    re-emit the kernel chain that wrote them before a late use. Off by default."""
+    recompute_budget: float = 0.01
+    """Largest extra cost of the recomputed kernels, as a fraction of the graph's
+    cost (MACs of convolutions/matmuls plus one per element written by other kernels)."""
+    recompute_max_chain: int = 16
+    """Longest chain of kernels re-emitted for one buffer."""
     inject_failure: str | None = None
     """Testing: raise inside the pass at this stage (``"parse"``, ``"profile"``,
     ``"search"``, ``"guard"``) to exercise the fallback."""

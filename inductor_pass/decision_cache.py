@@ -54,6 +54,8 @@ def enabled(config: Any) -> bool:
     """Whether decisions are cached under ``config``."""
     if not getattr(config, "decision_cache", True):
         return False
+    if getattr(config, "recompute", False):  # a recomputed program is not a permutation
+        return False
     try:
         return not torch.compiler.config.force_disable_caches
     except Exception:  # pragma: no cover - older torch

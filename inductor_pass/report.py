@@ -66,6 +66,11 @@ class GraphReport:
     """Wall-clock time of the pass (profiling, search and guard)."""
     search_seconds: float = 0.0
     """Wall-clock time of the scheduling core (exact search and lower bounds) for this graph."""
+    recomputed: list[dict[str, object]] = field(default_factory=list)
+    """Recomputed chains (``PassConfig.recompute``): per chain the buffer's names and
+    bytes, the re-emitted kernels, their extra MACs and cost, and the late use."""
+    recompute_note: str = ""
+    """What recomputation did, or why it could not lower the peak."""
     notes: list[str] = field(default_factory=list)
     permuted_source: str | None = field(default=None, repr=False)
     original_source: str | None = field(default=None, repr=False)
@@ -108,6 +113,11 @@ class GraphReport:
             f"certified={self.certified}, units={self.num_units}, "
             f"owned inputs {self.owned_inputs}/{self.num_inputs}, program {self.variant}; "
             f"{self.reason}"
+            + (
+                f"; recomputed {len(self.recomputed)} chain(s) (the bound is of permutations)"
+                if self.recomputed
+                else ""
+            )
         )
 
     def __str__(self) -> str:
@@ -132,6 +142,13 @@ class GraphReport:
         ]
         if self.reason:
             lines.append(f"  why: {self.reason}")
+        for c in self.recomputed:  # the lower bound above is of permutations only
+            lines.append(
+                f"  recomputed {c.get('names')} "
+                f"({c.get('bytes')} B) before {c.get('late_use')}: {c.get('extra_macs')} MACs"
+            )
+        if self.recompute_note and not self.recomputed:
+            lines.append(f"  recomputation: {self.recompute_note}")
         for note in self.notes[:3]:
             lines.append(f"  note: {note}")
         if len(self.notes) > 3:

@@ -193,8 +193,25 @@ def optimize_wrapper(
     rep.candidates = res.candidates
     if res.note:
         rep.notes.append(res.note)
-    rep.live_permuted = simulate(model, res.stmt_order)[1]
-    if res.stmt_order == identity and not on_cuda:
+    out_wrapper, out_order, out_peak, out_model = wrapper, res.stmt_order, res.peak, model
+    if config.recompute:  # Note [Recomputation in the wrapper] in inductor_pass/recompute.py
+        from inductor_pass import recompute
+
+        out_wrapper, out_order, out_peak, out_model = recompute.in_pass(
+            model,
+            res.stmt_order,
+            res.peak,
+            rep,
+            base_globals=base_globals,
+            inputs=inputs,
+            partitions=partitions,
+            resolve=resolve,
+            config=config,
+            on_cuda=on_cuda,
+        )
+        rep.modelled_permuted_peak = out_peak
+    rep.live_permuted = simulate(out_model, out_order)[1]
+    if out_wrapper is wrapper and res.stmt_order == identity and not on_cuda:
         # Nothing to deploy: the profiled run already measured the original
         # program (its live bytes matched the model statement by statement).
         rep.measured_original_peak = rep.measured_permuted_peak = profiled_peak
@@ -203,9 +220,9 @@ def optimize_wrapper(
         if res.certified:
             why += " (the original peak is certified optimal)"
         return done("left unchanged: " + why)
-    new_src = render_region(wrapper, res.stmt_order)
+    new_src = render_region(out_wrapper, out_order)
     rep.permuted_source = new_src
-    rep.permuted_order = list(res.stmt_order)
+    rep.permuted_order = list(res.stmt_order) if out_wrapper is wrapper else None
 
     stage("guard")
     new_call, new_runner = guard.build_call(
@@ -260,16 +277,16 @@ def optimize_wrapper(
             )
         )
     else:
-        rep.byte_exact = peak_o == modelled_orig and peak_p == res.peak
+        rep.byte_exact = peak_o == modelled_orig and peak_p == out_peak
         if not rep.byte_exact:
             ok, why = (
                 False,
                 f"modelled != measured (original {modelled_orig} vs {peak_o}, "
-                f"permuted {res.peak} vs {peak_p})",
+                f"permuted {out_peak} vs {peak_p})",
             )
         elif not rep.bitwise_identical:
             ok, why = False, "outputs of the permuted program are not bitwise identical"
-        elif res.peak >= modelled_orig:
+        elif out_peak >= modelled_orig:
             ok, why = False, "no order with a strictly lower peak"
             if res.certified:
                 why += " (the original peak is certified optimal)"
@@ -280,7 +297,7 @@ def optimize_wrapper(
                 f"the caller holds every input ({rep.measured_all_held_peaks})",
             )
         else:
-            ok, why = True, f"peak lowered by {modelled_orig - res.peak} bytes (byte-exact)"
+            ok, why = True, f"peak lowered by {modelled_orig - out_peak} bytes (byte-exact)"
     if ok and not config.deploy:
         ok, why = False, why + "; not deployed (PassConfig.deploy=False)"
     rep.deployed = bool(ok)

@@ -8,6 +8,7 @@
 #include "core/capacity_search.h"
 #include "core/exhaustive_schedule.h"
 #include "core/min_cut_bounds.h"
+#include "core/recompute_choice.h"
 #include "core/schedule_problem.h"
 #include "core/schedule_solver.h"
 #include "python/bindings.h"
@@ -194,6 +195,35 @@ TORCH_REPLAY_BINDINGS(schedule) {
       },
       py::arg("problem"),
       py::arg("rule"));
+
+  sm.def(
+      "choose_recomputation",
+      [](std::vector<int64_t> base,
+         std::vector<std::vector<int64_t>> deltas,
+         std::vector<int64_t> event_pos,
+         std::vector<int64_t> event_level,
+         std::vector<int64_t> costs,
+         std::vector<int64_t> groups,
+         int64_t budget) {
+        RecomputeChoiceInput in;
+        in.base = std::move(base);
+        in.deltas = std::move(deltas);
+        in.event_pos = std::move(event_pos);
+        in.event_level = std::move(event_level);
+        in.costs = std::move(costs);
+        in.groups = std::move(groups);
+        in.budget = budget;
+        const RecomputeChoice r =
+            guarded([&]() { return choose_recomputation(in); });
+        return py::make_tuple(r.peak, r.cost, r.chosen, r.nodes);
+      },
+      py::arg("base"),
+      py::arg("deltas"),
+      py::arg("event_pos"),
+      py::arg("event_level"),
+      py::arg("costs"),
+      py::arg("groups"),
+      py::arg("budget"));
 
   py::class_<Solution>(sm, "Solution")
       .def_readonly("order", &Solution::order)
