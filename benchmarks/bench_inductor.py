@@ -923,12 +923,13 @@ def summarize(rows):
     return s
 
 
-def render(rows, failures, started, done, tv_info):
+def render(rows, failures, started, done, tv_info, commands=None, wall_s=None):
     s = summarize(rows)
+    commands = commands or [command_line()]
     lines = [
         "# Inductor pass on 20+ architectures: CPU FP32, one thread",
         "",
-        f"Command: `{command_line()}`",
+        *[f"Command: `{c}`" for c in commands],
         "",
         f"torch {torch.__version__}; {tv_info}. Peaks in KiB."
         + ("" if done else " **Partial: the run is still going or was cut.**"),
@@ -1030,7 +1031,8 @@ def render(rows, failures, started, done, tv_info):
         f"{s['cold_ours_total_s']:.0f} / {s['cold_plain_total_s']:.0f} s), warm geometric mean "
         f"{s['warm_ratio_geomean']:.2f}x (max {s['warm_ratio_max']:.2f}x; totals "
         f"{s['warm_ours_total_s']:.1f} / {s['warm_plain_total_s']:.1f} s).",
-        f"- Wall time of the benchmark: {(time.perf_counter() - started) / 60:.1f} min.",
+        "- Wall time of the benchmark: "
+        f"{(wall_s if wall_s is not None else time.perf_counter() - started) / 60:.1f} min.",
         "",
         "Reasons per graph:",
         "",
@@ -1043,6 +1045,44 @@ def render(rows, failures, started, done, tv_info):
     for f in failures:
         lines.append(f"- FAILED: {f}")
     return lines, s
+
+
+def merge(args):
+    """Render several runs' JSON files as one table (``--merge``)."""
+    parts = []
+    for f in [x for x in args.merge.split(",") if x]:
+        with open(f) as fh:
+            parts.append(json.load(fh))
+    rows = [r for p in parts for r in p["rows"]]
+    failures = [x for p in parts for x in p["failures"]]
+    commands = [p["command"] for p in parts] + [command_line()]
+    wall = sum(p.get("wall_s") or 0 for p in parts) or None
+    done = all(p["done"] for p in parts)
+    lines, summary = render(rows, failures, 0.0, done, parts[0]["models"], commands, wall)
+    lines.insert(
+        2 + len(commands),
+        f"(The first {len(parts)} commands ran in parallel processes; the last merged them.)",
+    )
+    if args.out:
+        path = os.path.join(args.out, args.name)
+        with open(path, "w") as fh:
+            fh.write("\n".join(lines) + "\n")
+        with open(os.path.splitext(path)[0] + ".json", "w") as fh:
+            json.dump(
+                {
+                    "commands": commands,
+                    "torch": parts[0]["torch"],
+                    "models": parts[0]["models"],
+                    "done": done,
+                    "summary": summary,
+                    "rows": rows,
+                    "failures": failures,
+                },
+                fh,
+                indent=1,
+                default=str,
+            )
+    print("\n".join(lines))
 
 
 def main():
@@ -1073,12 +1113,20 @@ def main():
     )
     ap.add_argument("--name", default="inductor_arch.md", help="results file name")
     ap.add_argument(
+        "--merge",
+        default="",
+        help="comma-separated .json files of earlier runs (e.g. the parts of one run split "
+        "over processes): render them as one table into --out/--name, run nothing",
+    )
+    ap.add_argument(
         "--out",
         default=None,
         help="folder to write <name> and its .json into (e.g. benchmarks/results); "
         "without it nothing is written",
     )
     args = ap.parse_args()
+    if args.merge:
+        return merge(args)
     torch.set_num_threads(1)
     torch._inductor.config.compile_threads = 1
     started = time.perf_counter()
