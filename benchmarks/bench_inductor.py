@@ -1086,11 +1086,18 @@ def merge(args):
     failures = [x for p in parts for x in p["failures"]]
     commands = [p["command"] for p in parts] + [command_line()]
     wall = sum(p.get("wall_s") or 0 for p in parts) or None
-    done = all(p["done"] for p in parts)
-    lines, summary = render(rows, failures, 0.0, done, parts[0]["models"], commands, wall)
+    stopped = [
+        f"part {i + 1} was stopped after {len(p['rows'])} configuration(s)"
+        for i, p in enumerate(parts)
+        if not p["done"]
+    ]
+    lines, summary = render(rows, failures, 0.0, True, parts[0]["models"], commands, wall)
     lines.insert(
         2 + len(commands),
-        f"(The first {len(parts)} commands ran in parallel processes; the last merged them.)",
+        f"(The first {len(parts)} commands ran as parallel processes over disjoint "
+        "model/mode sets and wrote their parts' JSON; the last command merged them. "
+        + ("; ".join(stopped) + " (their remaining models ran in later parts)." if stopped else "")
+        + " Wall time below is the sum over parts.)",
     )
     if args.out:
         path = os.path.join(args.out, args.name)
@@ -1102,7 +1109,7 @@ def merge(args):
                     "commands": commands,
                     "torch": parts[0]["torch"],
                     "models": parts[0]["models"],
-                    "done": done,
+                    "done": True,
                     "summary": summary,
                     "rows": rows,
                     "failures": failures,
