@@ -13,7 +13,9 @@ Run:
     nice -n 10 .venv/bin/python benchmarks/bench_compile.py [--reps 3]
         [--models mlp,convnet,segment] [--out benchmarks/results/compile.md]
 prints the table; writes it only with ``--out``. ``--reps 1 --models mlp`` is a
-small run.
+small run. ``--models tv:resnet50,tv:inference:vit_b_16`` uses torchvision models
+(``weights=None``; training unless ``inference:``; input 2x3xSxS with S from
+``--tv-size``, default 64) where torchvision imports (the torch 2.14.1 environment).
 """
 
 from __future__ import annotations
@@ -71,7 +73,19 @@ def _build(name: str):
         ids = torch.randint(0, 1000, (512,))
         seg = torch.randint(0, 4096, (512,))
         return Segment(), (ids, seg), True
-    raise SystemExit(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    if name.startswith("tv:"):  # a torchvision model, e.g. tv:resnet50 (weights=None)
+        import torchvision
+
+        kind, _, arch = name[3:].rpartition(":")
+        side = int(os.environ.get("BENCH_COMPILE_TV_SIZE", "64"))
+        kw = {"image_size": side} if arch.startswith(("vit_",)) else {}
+        model = torchvision.models.get_model(arch, weights=None, **kw)
+        if arch.startswith("inception"):
+            model.aux_logits, model.AuxLogits = False, None
+        return model, (torch.randn(2, 3, side, side),), kind != "inference"
+    raise SystemExit(
+        f"unknown model {name!r}; choose from {', '.join(MODELS)} or tv:[inference:]<arch>"
+    )
 
 
 def child(name: str, backend: str) -> None:
@@ -88,10 +102,15 @@ def child(name: str, backend: str) -> None:
     torch.set_num_threads(1)
     model, inputs, train = _build(name)
 
+    if not train:
+        model.eval()
+
     def step(f):
+        if not train:
+            with torch.no_grad():
+                return f(*inputs)
         out = f(*inputs)
-        if train:
-            out.float().pow(2).sum().backward()
+        out.float().pow(2).sum().backward()
         return out
 
     f = torch.compile(model, backend=backend)
@@ -134,6 +153,12 @@ def _run(name: str, backend: str, cache: str) -> dict[str, float]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def _torch_version() -> str:
+    import torch
+
+    return torch.__version__
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3, help="cold+warm process pairs per cell")
@@ -141,8 +166,10 @@ def main() -> None:
         "--models", default=",".join(MODELS), help="comma-separated models (small run: one)"
     )
     ap.add_argument("--out", default=None, help="write the markdown table here")
+    ap.add_argument("--tv-size", type=int, default=64, help="input side of tv: models")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    os.environ["BENCH_COMPILE_TV_SIZE"] = str(args.tv_size)
     if args.child:
         child(*args.child)
         return
@@ -177,7 +204,8 @@ def main() -> None:
             "TORCHINDUCTOR_CACHE_DIR; warm: the directory the cold run filled). compile = first "
             "step - steady step (s), with torch._inductor.compile_fx imported beforehand in both; "
             "RSS = process peak (MiB); import = extra one-time import of inductor_pass and the "
-            "extension (s). One thread, CPU FP32.",
+            "extension (s). One thread, CPU FP32. "
+            f"torch {_torch_version()}; tv: models at {args.tv_size}x{args.tv_size}.",
             "",
             "| model | cache | inductor compile s | torch_replay compile s | ratio | "
             "inductor RSS | torch_replay RSS | ratio | import |",
