@@ -3,11 +3,11 @@
 // Note [Counting CPU allocator]
 // The Inductor pass (inductor_pass/guard.py) must measure the exact live and
 // peak bytes of one run of a generated wrapper on CPU, to the byte, and check
-// them against its modelled peak (design.md §3.1, Theorem 1). Inductor's CPU wrapper
-// allocates through empty_strided_cpu and torch.empty_strided, and kernels
-// such as extern_kernels.convolution allocate their results and workspaces
-// internally: all of them go through c10::GetCPUAllocator(). A counting
-// window installs a wrapper around that allocator with
+// them against its modelled peak (design.md §3.1, Theorem 1). Inductor's CPU
+// wrapper allocates through empty_strided_cpu and torch.empty_strided, and
+// kernels such as extern_kernels.convolution allocate their results and
+// workspaces internally: all of them go through c10::GetCPUAllocator(). A
+// counting window installs a wrapper around that allocator with
 // c10::SetCPUAllocator(alloc, kCountingPriority) and restores the previous
 // allocator when it stops. Every block allocated inside the window is
 // recorded in a table (data pointer -> requested size); its DataPtr keeps the

@@ -135,7 +135,8 @@ py::dict evaluate(const Program& p) {
 TORCH_REPLAY_BINDINGS(contract) {
   auto c = m.def_submodule(
       "contract",
-      "Reference semantics of the replay contract (design.md §2.1), torch-free.");
+      "Reference semantics of the replay contract (design.md §2.1), "
+      "torch-free.");
   py::class_<Program>(c, "Program")
       .def("describe", &Program::describe)
       .def("to_dict", &program_dict)
