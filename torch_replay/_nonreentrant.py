@@ -19,6 +19,7 @@ from ._segment import (
     _DEBUG_TIP,
     _autocast_state,
     _debug,
+    _device_type,
     _early_stop,
     _graph_task_id,
     _in_graph_exec_group,
@@ -262,7 +263,7 @@ def _checkpoint_nonreentrant(
         if context_fn is not _tcp.noop_context_fn:
             raise ValueError("debug=True is incompatible with non-default context_fn")
         context_fn, unpack_error_cb = _tcp._get_debug_context_and_cb()
-    device_type = _tcp._infer_device_type(*args)
+    device_type = _device_type(args)
     forward_ctx, recompute_ctx = context_fn()
     autocast = _autocast_state(device_type)
     device_ctx = _device_context()

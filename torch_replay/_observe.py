@@ -36,9 +36,12 @@ def new_gate():
     """A switch shared by the observers of one segment: while ``paused`` they let
     operators through unseen (a re-run of the segment made inside its own forward,
     which a separate transaction observes; see ``_nonreentrant._Frame``)."""
-    from ._ext import require_extension
+    global _C
+    if _C is None:
+        from ._ext import require_extension
 
-    return require_extension().ObserverGate()
+        _C = require_extension()
+    return _C.ObserverGate()
 
 
 def _overlap_error(exc: BaseException) -> OverlapError:

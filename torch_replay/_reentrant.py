@@ -12,7 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._ext import require_extension
 from ._nonreentrant import _no_unpack
-from ._segment import _autocast_state, _named_errors, _observer, _rng_devices
+from ._segment import _autocast_state, _device_type, _named_errors, _observer, _rng_devices
 
 # ------------------------------------------------------------- reentrant path
 
@@ -28,7 +28,7 @@ class _ReentrantRunner:
         self.args = [None if isinstance(a, torch.Tensor) else a for a in args]
         self.txn = txn
         self.rng_devices = _rng_devices(args, preserve)
-        self.autocast = _autocast_state(_tcp._infer_device_type(*args))
+        self.autocast = _autocast_state(_device_type(args))
         self.spec = None
         self.leaves: list[Any] = []
         self.tensor_pos: list[int] = []

@@ -211,15 +211,26 @@ def _enrich(exc: ReplayError, function, args) -> ReplayError:
     return new
 
 
-@contextlib.contextmanager
-def _named_errors(function, args):
-    try:
-        yield
-    except ReplayError as exc:
-        new = _enrich(exc, function, args)
-        if new is exc:
-            raise
-        raise new from None
+class _named_errors:  # noqa: N801  (used as a function-style context manager)
+    """Names the tensor a ReplayError raised inside the block is about (module path and
+    buffer name, or argument position). A class, not a generator: it is entered on every
+    saved-tensor unpack, where contextlib's generator costs several microseconds."""
+
+    __slots__ = ("function", "args")
+
+    def __init__(self, function, args) -> None:
+        self.function = function
+        self.args = args
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc is not None and isinstance(exc, ReplayError):
+            new = _enrich(exc, self.function, self.args)
+            if new is not exc:
+                raise new from None
+        return False
 
 
 # -------------------------------------------------------------------- helpers
@@ -232,6 +243,15 @@ def _leaves(tree) -> list[Any]:
     ):
         return list(tree)
     return tree_flatten(tree)[0]
+
+
+def _device_type(args) -> str:
+    """torch's ``_infer_device_type(*args)``, without its pytree walk in the common case
+    of arguments that hold no tensor off the CPU (then its answer is the default
+    device type; otherwise torch's own function decides, and warns as torch does)."""
+    if all(not isinstance(a, torch.Tensor) or a.device.type == "cpu" for a in _leaves(args)):
+        return _tcp.DefaultDeviceType.get_device_type()
+    return _tcp._infer_device_type(*args)
 
 
 def _rng_devices(args, preserve: bool) -> list[torch.device]:
