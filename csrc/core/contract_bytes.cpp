@@ -76,10 +76,7 @@ Footprint segment_footprint(const Program& p, int segment) {
     auto d = dst_bytes(p, op);
     fp.ranges[p.views[op.dst_view].storage].push_back(d);
     for (const Operand& o : op.operands) {
-      const View& v = p.views[o.view];
-      int64_t s = dtype_size(v.dtype);
-      int64_t b = v.byte_offset + o.start * s;
-      fp.ranges[v.storage].push_back({b, b + op.len * s});
+      fp.ranges[p.views[o.view].storage].push_back(operand_bytes(p, op, o));
     }
   }
   return fp;
@@ -100,9 +97,8 @@ Footprint exposed_reads(const Program& p, int segment) {
     }
     for (const Operand& o : op.operands) {
       const View& v = p.views[o.view];
-      int64_t size = dtype_size(v.dtype);
-      int64_t b = v.byte_offset + o.start * size;
-      for (int64_t i = b; i < b + op.len * size; ++i) {
+      auto [b, e] = operand_bytes(p, op, o);
+      for (int64_t i = b; i < e; ++i) {
         if (!written[v.storage][i]) {
           fp.ranges[v.storage].push_back({i, i + 1});
         }

@@ -80,12 +80,9 @@ void forward_segment(
       continue;
     }
     for (const Operand& o : op.operands) {
-      const View& v = p.views[o.view];
-      const int64_t size = dtype_size(v.dtype);
-      const int64_t b = v.byte_offset + o.start * size;
-      const StorageKey key = key_of(v.storage);
-      engine.access(
-          key, resolve(key), range_of(b, b + op.len * size), Access::kRead);
+      auto [b, e] = operand_bytes(p, op, o);
+      const StorageKey key = key_of(p.views[o.view].storage);
+      engine.access(key, resolve(key), range_of(b, e), Access::kRead);
     }
     auto [db, de] = dst_bytes(p, op);
     const StorageKey key = key_of(p.views[op.dst_view].storage);

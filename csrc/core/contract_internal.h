@@ -206,6 +206,16 @@ inline OpValues execute_op(const Program& p, int k, ByteState& st) {
   return out;
 }
 
+// [begin, end) bytes of storage p.views[o.view].storage that operand o of op
+// reads.
+inline std::pair<int64_t, int64_t> operand_bytes(
+    const Program& p, const Op& op, const Operand& o) {
+  const View& v = p.views[o.view];
+  const int64_t s = dtype_size(v.dtype);
+  const int64_t b = v.byte_offset + o.start * s;
+  return {b, b + op.len * s};
+}
+
 inline std::pair<int64_t, int64_t> dst_bytes(const Program& p, const Op& op) {
   const View& v = p.views[op.dst_view];
   int64_t s = dtype_size(v.dtype);

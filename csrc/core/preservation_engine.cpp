@@ -44,19 +44,9 @@ std::map<StorageKey, RangeSet> saved_regions(const RegionStore& store) {
   return out;
 }
 
-// snapshot: every declared byte at the start.
-class SnapshotEngine final : public PreservationEngine {
+// The engines that keep copies in one RegionStore and restore them all.
+class CopyingEngine : public PreservationEngine {
  public:
-  EngineKind kind() const override {
-    return EngineKind::kSnapshot;
-  }
-  void declare(StorageKey key, const StorageRef& ref) override {
-    RangeSet all;
-    all.add(0, ref.nbytes);
-    store_.save(key, ref, all);
-  }
-  void access(StorageKey, const StorageRef&, const RangeSet&, Access) override {
-  }
   std::map<StorageKey, RangeSet> restored_regions() const override {
     return saved_regions(store_);
   }
@@ -74,12 +64,27 @@ class SnapshotEngine final : public PreservationEngine {
     store_.clear();
   }
 
- private:
+ protected:
   RegionStore store_;
 };
 
+// snapshot: every declared byte at the start.
+class SnapshotEngine final : public CopyingEngine {
+ public:
+  EngineKind kind() const override {
+    return EngineKind::kSnapshot;
+  }
+  void declare(StorageKey key, const StorageRef& ref) override {
+    RangeSet all;
+    all.add(0, ref.nbytes);
+    store_.save(key, ref, all);
+  }
+  void access(StorageKey, const StorageRef&, const RangeSet&, Access) override {
+  }
+};
+
 // readset: the bytes of every accessed region, as they were at first touch.
-class ReadsetEngine final : public PreservationEngine {
+class ReadsetEngine final : public CopyingEngine {
  public:
   EngineKind kind() const override {
     return EngineKind::kReadset;
@@ -92,25 +97,6 @@ class ReadsetEngine final : public PreservationEngine {
       Access) override {
     store_.save(key, ref, ranges);
   }
-  std::map<StorageKey, RangeSet> restored_regions() const override {
-    return saved_regions(store_);
-  }
-  StorageKey restore_start(const Resolver& resolve) override {
-    store_.restore_all(resolve);
-    return 0;
-  }
-  void rollback(const Resolver& resolve) override {
-    store_.restore_all(resolve);
-  }
-  int64_t retained_bytes() const override {
-    return store_.bytes();
-  }
-  void release() override {
-    store_.clear();
-  }
-
- private:
-  RegionStore store_;
 };
 
 // guard: nothing; the bytes the segment reads before writing them (its
