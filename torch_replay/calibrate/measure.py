@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from .._runner import SegmentRunner
 from ..errors import ReplayError
 from ..kernel_timing import time_kernels
 from ..planner import OPTION_NAMES, Option, plan_peak
@@ -183,9 +184,7 @@ def measurement_count(options: Sequence[str], segments: int) -> int:
 def _measure_choices(
     workload: Workload, choices: list[str], *, reps: int, warmup: int, device: str
 ) -> dict[str, Any]:
-    from ..planned import PlannedSequential
-
-    model = PlannedSequential(workload.segments, state=workload.state, choices=choices)
+    model = SegmentRunner(workload.segments, state=workload.state, choices=choices)
     persistent = model.persistent
     kept = _state_tensors(workload.state)
     snapshot = [t.detach().clone() for t in kept]
