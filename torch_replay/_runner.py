@@ -25,6 +25,7 @@ from ._peak import (
     _Profiler,
     static_bytes,
 )
+from ._segment import _state_tensors
 from .checkpoint import checkpoint, collect_transactions
 from .planner import OPTION_NAMES
 
@@ -95,20 +96,9 @@ class SegmentRunner(torch.nn.Module):
 
     # ------------------------------------------------------------- accounting
 
-    def _state_tensors(self) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        for items in self._state:
-            for item in items or ():
-                if isinstance(item, torch.Tensor):
-                    out.append(item)
-                elif isinstance(item, torch.nn.Module):
-                    out.extend(b for b in item.buffers() if b is not None)
-                    out.extend(item.parameters())
-        return out
-
     def _static_tensors(self) -> list[torch.Tensor]:
         return [*self.parameters(), *(b for b in self.buffers() if b is not None)] + (
-            self._state_tensors()
+            _state_tensors(self._state)
         )
 
     def default_persistent(self) -> int:

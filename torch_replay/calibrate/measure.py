@@ -11,11 +11,12 @@ from typing import Any
 import torch
 
 from .._runner import SegmentRunner
+from .._segment import _state_tensors
 from ..errors import ReplayError
 from ..kernel_timing import time_kernels
 from ..planner import OPTION_NAMES, Option, plan_peak
 from .config import CalibrationConfig, ConfigError
-from .fingerprint import _record_inputs, _state_tensors, model_fingerprint
+from .fingerprint import _record_inputs, model_fingerprint
 from .workloads import BufferSegment, Workload, shape_workload
 
 # --------------------------------------------------------------- measurement
