@@ -1,9 +1,19 @@
 """Comparison helpers shared by the checkpoint tests (the reference is eager PyTorch
-or torch.utils.checkpoint, computed in each test)."""
+or torch.utils.checkpoint, computed in each test), and the small models several of the
+``test_checkpoint*.py`` files use; the opt-in marker and the C++ planner handle of the
+``test_planner*.py`` files."""
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
+import torch.nn as nn
+
+ENGINES_WRITING = ["auto", "snapshot", "readset", "journal"]
+ALL_ENGINES = ["auto", "snapshot", "readset", "journal", "guard"]
+REENTRANT = [False, True]
 
 
 def storage_bytes(t: torch.Tensor) -> bytes:
@@ -22,3 +32,52 @@ def assert_bitwise(a, b):
         else:
             assert x.dtype == y.dtype and x.shape == y.shape
             assert torch.equal(x, y), (x - y).abs().max()
+
+
+class ShiftBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+        self.register_buffer("shift", torch.randn(8))
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x) + self.shift)
+
+
+class MoCoHead(nn.Module):
+    """Logits of a query against a negative queue that the training loop enqueues into
+    in place, outside any segment, between the forward and the backward (as MoCo)."""
+
+    def __init__(self, slots=256, dim=16):
+        super().__init__()
+        self.proj = nn.Linear(dim, dim)
+        self.register_buffer("queue", torch.randn(slots, dim))
+        self.ptr = 0
+
+    def forward(self, x):
+        q = torch.nn.functional.normalize(self.proj(x), dim=1)
+        return torch.log_softmax(q @ self.queue.t() / 0.07, dim=-1)
+
+    def enqueue(self, keys):
+        with torch.no_grad():
+            n = keys.shape[0]
+            self.queue[self.ptr : self.ptr + n] = keys
+            self.ptr = (self.ptr + n) % self.queue.shape[0]
+
+
+# ------------------------------------------------------------------ planner tests
+
+SLOW = os.environ.get("TORCH_REPLAY_SLOW", "0") == "1"
+
+
+def slow(test):
+    """Marks an opt-in full-size run (``-m slow``; runs only with TORCH_REPLAY_SLOW=1)."""
+    skip = pytest.mark.skipif(not SLOW, reason="full-size run: set TORCH_REPLAY_SLOW=1")
+    return pytest.mark.slow(skip(test))
+
+
+def planner_core():
+    """The C++ planner module of the compiled extension."""
+    from torch_replay._ext import require_extension
+
+    return require_extension().planner

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
@@ -38,6 +40,38 @@ def costs():
     return [[tr.Option(**o) for o in seg] for seg in res["segments"]], res["persistent"]
 
 
+def explicit_peak(chosen, persistent):
+    """The peak of one option per segment, written out: persistent + retained (the
+    journal's shared log counted once, as its largest part) + the largest transient."""
+    logs = [o.preserved for o in chosen if o.name == "journal"]
+    retained = sum(o.retained for o in chosen) - sum(logs) + max(logs, default=0)
+    return persistent + retained + max(o.transient for o in chosen)
+
+
+def brute_force_time(opts, persistent, budget):
+    """Least summed time (segment order) over every plan whose explicit peak fits."""
+    fits = [
+        sum(o.time for o in combo)
+        for combo in itertools.product(*opts)
+        if explicit_peak(combo, persistent) <= budget
+    ]
+    return min(fits) if fits else None
+
+
+def independent_persistent(w):
+    """Distinct storages of the parameters, buffers and declared state, plus one
+    gradient per parameter that requires grad (counted here, not by the model)."""
+    params = [p for m in w.segments for p in m.parameters()]
+    tensors = params + [b for m in w.segments for b in m.buffers()] + list(w.state)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    grads = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    return sum(storages.values()) + grads
+
+
+def chosen_options(opts, choices):
+    return [next(o for o in seg if o.name == c) for seg, c in zip(opts, choices, strict=True)]
+
+
 def assert_bitwise(a, b):
     out_a, grads_a, state_a = a
     out_b, grads_b, state_b = b
@@ -69,8 +103,14 @@ def test_planned_model_gradients_and_plan(costs):
     w = workload()
     model = PlannedSequential(w.segments, state=w.state, costs=opts, budget=budget)
     assert model.plan is not None and model.plan.fits
-    assert model.choices == model.plan.choices
-    assert model.persistent == persistent
+    # The plan is optimal: its time is the least over all 4^4 plans that fit (brute
+    # force, peak written out), and its own peak fits.
+    chosen = chosen_options(opts, model.choices)
+    assert explicit_peak(chosen, persistent) <= budget
+    assert sum(o.time for o in chosen) == pytest.approx(
+        brute_force_time(opts, persistent, budget), rel=1e-12
+    )
+    assert model.persistent == persistent == independent_persistent(w)
     assert set(model.choices) != {"eager"}  # the budget forces recomputation somewhere
     assert_bitwise(reference(), step(model, w))
 
@@ -86,7 +126,8 @@ def test_predicted_peak_bounds_measured(costs):
         w = workload()
         model = PlannedSequential(w.segments, state=w.state, costs=opts, budget=budget)
         report = model.measure(w.make_input())
-        assert report.predicted_peak == model.plan.peak <= budget
+        predicted = explicit_peak(chosen_options(opts, model.choices), persistent)
+        assert report.predicted_peak == predicted <= budget
         assert report.measured_peak > report.static_bytes
         # the static model is conservative here: it charges a journal segment the whole
         # log since it began, and counts a segment's output in its retained bytes
@@ -181,7 +222,12 @@ def test_costs_from_calibration_json(tmp_path):
     res = cal.measure_segments(w, ["eager", "journal"], reps=1, warmup=0)
     doc = {"schema": cal.SCHEMA, "model": res}
     model = PlannedSequential(w.segments, state=w.state, costs=doc, budget=10**12)
-    assert model.choices == [model.plan.choices[0], model.plan.choices[1]]
+    # The file's options are the measured ones, and with room for everything the plan
+    # is the least-time one (brute force over the 2 x 2 plans).
+    measured = [[tr.Option(**o) for o in seg] for seg in res["segments"]]
+    assert model.costs == measured
+    chosen = chosen_options(measured, model.choices)
+    assert sum(o.time for o in chosen) == brute_force_time(measured, res["persistent"], 10**12)
 
 
 def test_tracker_counts_new_storages_only():

@@ -119,6 +119,21 @@ def _module_of(function) -> torch.nn.Module | None:
     return owner if isinstance(owner, torch.nn.Module) else None
 
 
+def _state_tensors(state: Any) -> list[torch.Tensor]:
+    """The tensors a declared state holds: tensors, modules' buffers and parameters,
+    nested lists (per-segment state) flattened; generators and None skipped."""
+    out: list[torch.Tensor] = []
+    for item in state or ():
+        if isinstance(item, torch.Tensor):
+            out.append(item)
+        elif isinstance(item, torch.nn.Module):
+            out.extend(b for b in item.buffers() if b is not None)
+            out.extend(item.parameters())
+        elif isinstance(item, (list, tuple)):
+            out.extend(_state_tensors(item))
+    return out
+
+
 def _collect_state(state, function):
     """Flatten ``state`` into (tensors, names, generators, generator names)."""
     tensors: list[torch.Tensor] = []

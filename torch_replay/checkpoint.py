@@ -200,6 +200,7 @@ def checkpoint(
             preserve=preserve,
             state=state,
             engine=engine,
+            eager=checkpoint,
         )
     if use_reentrant is None:
         warnings.warn(_USE_REENTRANT_WARNING, stacklevel=2)

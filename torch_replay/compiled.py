@@ -48,12 +48,14 @@ What the replay contract becomes there:
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.utils.checkpoint as _tcp
 from torch.nn.utils.stateless import _reparametrize_module
 
+from ._segment import _module_of
 from .errors import UnsupportedReplayError
 
 __all__ = ["checkpoint_compiled", "constant_under_compile", "snapshot"]
@@ -125,8 +127,6 @@ def _owners(function, state):
     module the region is reparametrised with (the segment's own module, or the one
     declared module of a plain function), or ``(None, reason)`` when the state
     cannot be handed to the region as inputs."""
-    from .checkpoint import _module_of
-
     if state is None:
         return None, None
     if isinstance(state, (torch.Tensor, torch.nn.Module, torch.Generator)):
@@ -194,10 +194,8 @@ def _reparametrized(function, root, names, nargs: int):
     return body
 
 
-def _eager_segment_impl(function, args, kwargs, use_reentrant, options):
-    from .checkpoint import checkpoint
-
-    return checkpoint(function, *args, use_reentrant=use_reentrant, **options, **kwargs)
+def _eager_segment_impl(eager, function, args, kwargs, use_reentrant, options):
+    return eager(function, *args, use_reentrant=use_reentrant, **options, **kwargs)
 
 
 # Dynamo never traces it (a graph break); Dynamo is imported at the first call only.
@@ -220,10 +218,13 @@ def checkpoint_compiled(
     preserve: bool,
     state,
     engine: str,
+    eager: Callable[..., Any],
 ) -> Any:
     """The segment as Dynamo's ``tag_activation_checkpoint`` region (Note [Checkpoint
     under torch.compile]). ``engine`` is not used there: declared state is kept
-    by saving its forward value."""
+    by saving its forward value. ``eager`` is the eager ``torch_replay.checkpoint``,
+    run behind a graph break when the state cannot be handed to the region (passed
+    in, so that this module does not import the one that calls it)."""
     del engine, early_stop  # the partitioner decides what the backward recomputes
     owned, reason = _owners(function, state)
     if reason is not None:
@@ -244,7 +245,7 @@ def checkpoint_compiled(
             "preserve_rng_state": preserve,
         }
         reentrant = True if use_reentrant is None else use_reentrant  # torch's default
-        return _eager_segment(function, args, kwargs, reentrant, options)
+        return _eager_segment(eager, function, args, kwargs, reentrant, options)
     if context_fn is _tcp.noop_context_fn and _budget_below_one():
         # AOTAutograd traces every region non-reentrantly (torch/_higher_order_ops/
         # wrap.py), so saying so changes nothing but admits the policy.

@@ -33,22 +33,14 @@ Predicted vs measured peak (Note [Measured peak]):
 from __future__ import annotations
 
 import os
-import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ._peak import (
-    LiveBytesTracker,
-    PeakReport,
-    SegmentProfile,
-    _default_loss,
-    _Profiler,
-    static_bytes,
-)
-from .checkpoint import checkpoint, collect_transactions
-from .planner import OBJECTIVES, OPTION_NAMES, Option, Plan, plan, plan_peak
+from ._peak import LiveBytesTracker, PeakReport, SegmentProfile, static_bytes
+from ._runner import SegmentRunner, _check_choices
+from .planner import OBJECTIVES, Option, Plan, plan, plan_peak
 
 __all__ = ["LiveBytesTracker", "PeakReport", "PlannedSequential", "SegmentProfile", "static_bytes"]
 
@@ -86,13 +78,7 @@ def _read_costs(costs: Any, mods: Sequence[Any]) -> tuple[list[list[Option]], Ma
     )
 
 
-def _is_per_segment(state: Any, n: int) -> bool:
-    if not isinstance(state, (list, tuple)) or len(state) != n or n == 0:
-        return False
-    return all(s is None or isinstance(s, (list, tuple)) for s in state)
-
-
-class PlannedSequential(torch.nn.Module):
+class PlannedSequential(SegmentRunner):
     """A sequence of segments, each run with the option the joint planner chose.
 
     Args:
@@ -144,29 +130,13 @@ class PlannedSequential(torch.nn.Module):
         use_reentrant: bool = False,
         calibration: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__()
-        mods = list(segments.children() if isinstance(segments, torch.nn.Sequential) else segments)
-        if not mods:
-            raise ValueError("PlannedSequential needs at least one segment")
-        for i, m in enumerate(mods):
-            if not callable(m):
-                raise TypeError(f"segment {i} is a {type(m).__name__}, not callable")
-        self.segments = torch.nn.ModuleList(m for m in mods if isinstance(m, torch.nn.Module))
-        self._callables = mods
+        super().__init__(segments, state=state, persistent=persistent, use_reentrant=use_reentrant)
+        mods = self._callables
         n = len(mods)
         if objective not in OBJECTIVES:
             raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
-        if state is None:
-            self._state: list[list[Any] | None] = [None] * n
-        elif _is_per_segment(state, n):
-            self._state = [list(s) if s is not None else None for s in state]
-        else:
-            shared = list(state)
-            self._state = [shared] * n
-        self.use_reentrant = use_reentrant
         self.objective = objective
         self.budget = budget
-        self.persistent = self.default_persistent() if persistent is None else int(persistent)
         self.costs: list[list[Option]] | None = None
         self.costs_doc: Mapping[str, Any] | None = None
         self._auto = isinstance(costs, str) and costs == "auto"
@@ -186,13 +156,7 @@ class PlannedSequential(torch.nn.Module):
                 self._expected_input = first.get("input")
         self.plan: Plan | None = None
         if choices is not None:
-            choices = list(choices)
-            if len(choices) != n:
-                raise ValueError(f"{len(choices)} choices for {n} segments")
-            for c in choices:
-                if c not in OPTION_NAMES:
-                    raise ValueError(f"unknown option {c!r}; options are {OPTION_NAMES}")
-            self.choices = choices
+            self.choices = _check_choices(choices, n)
         elif self._auto:
             if budget is None:
                 raise ValueError("costs='auto' plans at the first call: give budget= too")
@@ -206,36 +170,8 @@ class PlannedSequential(torch.nn.Module):
                 self.costs, budget=budget, persistent=self.persistent, objective=objective
             )
             self.choices = list(self.plan.choices)
-        self._txns: list[weakref.ReferenceType | None] = [None] * n
-        self._profile: _Profiler | None = None
 
     # ------------------------------------------------------------- accounting
-
-    def _state_tensors(self) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        for items in self._state:
-            for item in items or ():
-                if isinstance(item, torch.Tensor):
-                    out.append(item)
-                elif isinstance(item, torch.nn.Module):
-                    out.extend(b for b in item.buffers() if b is not None)
-                    out.extend(item.parameters())
-        return out
-
-    def _static_tensors(self) -> list[torch.Tensor]:
-        return [*self.parameters(), *(b for b in self.buffers() if b is not None)] + (
-            self._state_tensors()
-        )
-
-    def default_persistent(self) -> int:
-        """Parameters, buffers and declared state tensors (distinct storages), plus
-        one gradient per parameter that requires grad.
-
-        Returns:
-            Bytes.
-        """
-        grads = sum(p.numel() * p.element_size() for p in self.parameters() if p.requires_grad)
-        return static_bytes(self._static_tensors()) + grads
 
     @property
     def predicted_peak(self) -> int | None:
@@ -253,25 +189,6 @@ class PlannedSequential(torch.nn.Module):
             chosen.append(match[0])
         return plan_peak(chosen, self.persistent)
 
-    def _held_bytes(self) -> int:
-        """Bytes the live transactions hold outside the torch allocator."""
-        total = 0
-        journal = 0
-        for i, ref in enumerate(self._txns):
-            txn = ref() if ref is not None else None
-            if txn is None:
-                continue
-            retained = txn.retained_bytes
-            if txn.engine == "journal":
-                journal = max(journal, retained)  # one shared log
-            else:
-                total += retained
-            if txn.in_replay:
-                total += txn.replay_transient_bytes
-                if self._profile is not None:
-                    self._profile.saw_replay(i, txn.replay_transient_bytes)
-        return total + journal
-
     # ---------------------------------------------------------------- forward
 
     def forward(self, x: Any) -> Any:
@@ -287,30 +204,7 @@ class PlannedSequential(torch.nn.Module):
             self._calibrate_now(x)
         elif self._expected_input is not None:
             self._check_input(x)
-        prof = self._profile
-        h = x
-        for i, (fn, choice) in enumerate(zip(self._callables, self.choices, strict=True)):
-            if prof is not None:
-                prof.before_forward(i, h)
-            if choice == "eager" or not torch.is_grad_enabled():
-                h = fn(h)
-                txn = None
-            else:
-                with collect_transactions() as made:
-                    h = checkpoint(
-                        fn,
-                        h,
-                        use_reentrant=self.use_reentrant,
-                        replay_state=self._state[i],  # never a segment's own keyword
-                        replay_engine=choice,
-                    )
-                # The segment's own transaction: the first one its call made (nested
-                # checkpoints inside the segment come after it).
-                txn = made[0] if made else None
-            self._txns[i] = weakref.ref(txn) if txn is not None else None
-            if prof is not None:
-                prof.after_forward(i, h, txn)
-        return h
+        return super().forward(x)
 
     def _calibrate_now(self, x: Any) -> None:
         from .calibrate import calibrate_model
@@ -364,105 +258,6 @@ class PlannedSequential(torch.nn.Module):
                 "no costs document to save: with costs='auto' call the module once first"
             )
         Path(path).write_text(json.dumps(self.costs_doc, indent=1) + "\n")
-
-    # ---------------------------------------------------------------- measure
-
-    def profile_step(
-        self,
-        x: torch.Tensor,
-        loss_fn: Callable[[Any], torch.Tensor] | None = None,
-        *,
-        track_memory: bool = True,
-    ) -> tuple[list[SegmentProfile], int]:
-        """Run one training step (forward, loss, backward) and profile each segment.
-
-        Gradients are accumulated into ``.grad`` as by a normal step; set them to
-        None before if you want them fresh.
-
-        Args:
-            x: the input (make it require grad to time the first segment's
-                backward separately from the rest of the step).
-            loss_fn: maps the output to a scalar (default: ``out.float().pow(2).mean()``).
-            track_memory: run under a :class:`LiveBytesTracker` (slower; times
-                are then not representative).
-
-        Returns:
-            (per-segment profiles, peak of tracked live bytes; 0 when not tracked).
-        """
-        loss_fn = loss_fn or _default_loss
-        tracker = LiveBytesTracker(self._held_bytes) if track_memory else None
-        prof = _Profiler(len(self.choices), tracker)
-        self._profile = prof
-        try:
-            if tracker is not None:
-                with tracker:
-                    self._step(x, loss_fn, prof)
-            else:
-                self._step(x, loss_fn, prof)
-        finally:
-            self._profile = None
-        prof.finish()
-        return prof.segments, (tracker.peak if tracker is not None else 0)
-
-    def _step(self, x, loss_fn, prof: _Profiler) -> None:
-        out = self(x)
-        loss = loss_fn(out)
-        prof.before_backward()
-        loss.backward()
-        prof.after_backward()
-
-    def measure(
-        self, x: torch.Tensor, loss_fn: Callable[[Any], torch.Tensor] | None = None
-    ) -> PeakReport:
-        """Measure one training step's peak, with and without gradients held, against the prediction.
-
-        Two training steps run (forward, loss, backward):
-
-        1. **gradients held**: every parameter that requires grad holds a
-           ``.grad`` of its size for the whole step (as in a loop that
-           zeroes gradients instead of setting them to None, or accumulates
-           them). This is what the prediction counts: its ``persistent``
-           includes one gradient per parameter.
-        2. **gradients cleared**: every ``.grad`` is None first (as after
-           ``optimizer.zero_grad(set_to_none=True)``, torch's default), so
-           gradients appear during backward and count in the tracked peak.
-
-        Afterwards the parameters hold the second step's gradients, as after
-        one ordinary step. See Note [Measured peak] in the module docstring
-        for what is counted and what is not.
-
-        Args:
-            x: the input batch (the first step runs on a detached clone).
-            loss_fn: maps the output to a scalar (default: mean of squares).
-
-        Returns:
-            A :class:`PeakReport` (``print`` it for a table).
-        """
-        params = [p for p in self.parameters() if p.requires_grad]
-        for p in self.parameters():
-            p.grad = None
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        held_static = static_bytes([*self._static_tensors(), *(p.grad for p in params)])
-        x_held = (
-            x.detach().clone().requires_grad_(x.requires_grad) if isinstance(x, torch.Tensor) else x
-        )
-        _, held_peak = self.profile_step(x_held, loss_fn, track_memory=True)
-        for p in self.parameters():
-            p.grad = None
-        static = static_bytes(self._static_tensors())
-        segs, peak = self.profile_step(x, loss_fn, track_memory=True)
-        return PeakReport(
-            predicted_peak=self.predicted_peak,
-            measured_peak=static + peak,
-            measured_peak_grads_held=held_static + held_peak,
-            static_bytes=static,
-            tracked_peak=peak,
-            persistent=self.persistent,
-            budget=self.budget,
-            choices=list(self.choices),
-            segments=segs,
-        )
 
     def extra_repr(self) -> str:
         try:

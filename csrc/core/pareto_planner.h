@@ -12,6 +12,11 @@
 // three dimensions and Note [Planner tie-breaking] for which optimal plan is
 // returned when several tie.
 //
+// Files: pareto_planner.cpp (input checks, the DP over segments and the walk
+// back to the chosen plan), planner_dominance.{h,cpp} (which candidates of a
+// layer survive), planner_time_bound.{h,cpp} (segment hulls, the greedy upper
+// bound and the LP lower bound of Note [Planner time bound]).
+//
 // Note [Planner dominance]
 // A partial plan over segments 0..i is summarised by its state (R, Q, C): the
 // summed retained bytes R, the largest transient Q and the summed time C.

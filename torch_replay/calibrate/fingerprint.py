@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .._segment import _state_tensors
 from .workloads import Workload
 
 # --------------------------------------------------------------- fingerprint
@@ -75,19 +76,6 @@ def model_fingerprint(segments: Any, inputs: Sequence[Any] | None = None) -> dic
             entry["input"] = inputs[i]
         segs.append(entry)
     return {"digest": digest, "segments": segs}
-
-
-def _state_tensors(state: Any) -> list[torch.Tensor]:
-    out: list[torch.Tensor] = []
-    for item in state or ():
-        if isinstance(item, torch.Tensor):
-            out.append(item)
-        elif isinstance(item, torch.nn.Module):
-            out.extend(b for b in item.buffers() if b is not None)
-            out.extend(item.parameters())
-        elif isinstance(item, (list, tuple)):
-            out.extend(_state_tensors(item))
-    return out
 
 
 class _Kept:

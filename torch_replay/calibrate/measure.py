@@ -10,11 +10,13 @@ from typing import Any
 
 import torch
 
+from .._runner import SegmentRunner
+from .._segment import _state_tensors
 from ..errors import ReplayError
 from ..kernel_timing import time_kernels
 from ..planner import OPTION_NAMES, Option, plan_peak
 from .config import CalibrationConfig, ConfigError
-from .fingerprint import _record_inputs, _state_tensors, model_fingerprint
+from .fingerprint import _record_inputs, model_fingerprint
 from .workloads import BufferSegment, Workload, shape_workload
 
 # --------------------------------------------------------------- measurement
@@ -183,9 +185,7 @@ def measurement_count(options: Sequence[str], segments: int) -> int:
 def _measure_choices(
     workload: Workload, choices: list[str], *, reps: int, warmup: int, device: str
 ) -> dict[str, Any]:
-    from ..planned import PlannedSequential
-
-    model = PlannedSequential(workload.segments, state=workload.state, choices=choices)
+    model = SegmentRunner(workload.segments, state=workload.state, choices=choices)
     persistent = model.persistent
     kept = _state_tensors(workload.state)
     snapshot = [t.detach().clone() for t in kept]

@@ -10,12 +10,24 @@ from .cohort_jax import JAX_FUNCTIONAL, JAX_TOLERANCE, _cohort_jax
 from .cohort_program import (
     COHORT_KINDS,
     COHORT_METHODS,
+    CohortSpec,
     _classify,
     _cohort_spec,
     _condition,
     _run_cohort,
 )
 from .report import SuiteResult, _all_of, _Progress, _target
+
+
+def _record(spec: CohortSpec, method: str, preserve: bool) -> dict[str, Any]:
+    """The fields every record of one execution starts with."""
+    return {
+        "seed": spec.seed,
+        "kind": spec.kind,
+        "method": method,
+        "preserve_rng_state": preserve,
+        "condition": _condition(spec, preserve),
+    }
 
 
 def suite_cohort(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
@@ -51,41 +63,16 @@ def suite_cohort(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
     records: list[dict[str, Any]] = []
     jax_records: list[dict[str, Any]] = []
     for i, spec in enumerate(specs):
+        eager = _record(spec, "eager", True)
         try:
             ref = _run_cohort(spec, "eager", True)
-            records.append(
-                {
-                    "seed": spec.seed,
-                    "kind": spec.kind,
-                    "method": "eager",
-                    "preserve_rng_state": True,
-                    "condition": _condition(spec, True),
-                    "outcome": "reference",
-                    "grad_diff": 0.0,
-                }
-            )
+            records.append({**eager, "outcome": "reference", "grad_diff": 0.0})
         except Exception as exc:  # noqa: BLE001 - the outcome is the record
             ref = None
-            records.append(
-                {
-                    "seed": spec.seed,
-                    "kind": spec.kind,
-                    "method": "eager",
-                    "preserve_rng_state": True,
-                    "condition": _condition(spec, True),
-                    "outcome": "rejected",
-                    "error": type(exc).__name__,
-                }
-            )
+            records.append({**eager, "outcome": "rejected", "error": type(exc).__name__})
         for preserve in (True, False) if spec.kind != "overlap" else (True,):
             for method in COHORT_METHODS:
-                rec = {
-                    "seed": spec.seed,
-                    "kind": spec.kind,
-                    "method": method,
-                    "preserve_rng_state": preserve,
-                    "condition": _condition(spec, preserve),
-                }
+                rec = _record(spec, method, preserve)
                 try:
                     got = _run_cohort(spec, method, preserve)
                     rec["outcome"], rec["grad_diff"] = _classify(ref, got)

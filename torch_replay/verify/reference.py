@@ -4,12 +4,40 @@ preservation engines."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._ext import require_extension
 from .report import REFERENCE_ENGINES, SuiteResult, _program, _Progress, _target
 
 # ------------------------------------------------------------ reference suites
+
+
+def _per_program(
+    label: str,
+    programs: int,
+    quiet: bool,
+    check: Callable[[int], Mapping[str, Any]],
+    sums: Sequence[str],
+    largest: str,
+) -> tuple[dict[str, int], float]:
+    """``check(i)`` for every program ``i`` under a progress bar: the sums of the
+    ``sums`` fields of its results and the largest ``largest`` field."""
+    bar = _Progress(label, programs, quiet)
+    total = dict.fromkeys(sums, 0)
+    worst = 0.0
+    for i in range(programs):
+        r = check(i)
+        for k in sums:
+            total[k] += r[k]
+        worst = max(worst, r[largest])
+        bar.update(i + 1)
+    return total, worst
+
+
+def _every(name: str, done: int, programs: int) -> dict[str, Any]:
+    """A target met when all ``programs`` were: ``done/programs`` against ``programs/programs``."""
+    return _target(name, f"{programs}/{programs}", f"{done}/{programs}", done == programs)
 
 
 def suite_numeric(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
@@ -25,41 +53,28 @@ def suite_numeric(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
         The suite's result.
     """
     C = require_extension()
-    bar = _Progress("numeric", programs, quiet)
-    exact = detected = coords = unsupported = 0
-    worst = 0.0
-    for i in range(programs):
-        r = C.contract.check_numeric(_program(seed + i))
-        exact += r["outputs_exact"]
-        detected += r["control_detected"]
-        coords += r["coordinates"]
-        unsupported += r["unsupported"]
-        worst = max(worst, r["max_grad_mismatch"])
-        bar.update(i + 1)
+    n, worst = _per_program(
+        "numeric",
+        programs,
+        quiet,
+        lambda i: C.contract.check_numeric(_program(seed + i)),
+        ("outputs_exact", "control_detected", "coordinates", "unsupported"),
+        "max_grad_mismatch",
+    )
     m = {
         "programs": programs,
-        "outputs_exact": exact,
+        "outputs_exact": n["outputs_exact"],
         "max_grad_mismatch_vs_forward_jacobian": worst,
-        "gradient_coordinates": coords,
-        "unsupported_coordinates": unsupported,
-        "control_detected": detected,
+        "gradient_coordinates": n["coordinates"],
+        "unsupported_coordinates": n["unsupported"],
+        "control_detected": n["control_detected"],
     }
     t = [
-        _target(
-            "scalar outputs exact",
-            f"{programs}/{programs}",
-            f"{exact}/{programs}",
-            exact == programs,
-        ),
+        _every("scalar outputs exact", n["outputs_exact"], programs),
         _target(
             "max gradient mismatch", "<= 1e-15 (source 8.88e-16)", f"{worst:.3g}", worst <= 1e-15
         ),
-        _target(
-            "final-storage control detected",
-            f"{programs}/{programs}",
-            f"{detected}/{programs}",
-            detected == programs,
-        ),
+        _every("final-storage control detected", n["control_detected"], programs),
     ]
     return SuiteResult(
         suite="numeric", params={"seed": seed, "programs": programs}, measured=m, targets=t
@@ -105,36 +120,21 @@ def suite_bytes(seed: int, programs: int, quiet: bool = False) -> SuiteResult:
         "control_replay_from_final_bytes_wrong_segments": control_wrong,
     }
     t = [
-        _target(
-            "snapshot replay matches",
-            f"{programs}/{programs}",
-            f"{whole['snapshot_ok']}/{programs}",
-            whole["snapshot_ok"] == programs,
-        ),
+        _every("snapshot replay matches", whole["snapshot_ok"], programs),
         _target(
             "region undo matches (undo to B0, replay to B_T, redo to end)",
             f"{programs}/{programs}",
             f"{min(whole['undo_ok'], whole['redo_ok'])}/{programs}",
             whole["undo_ok"] == programs and whole["redo_ok"] == programs,
         ),
-        _target(
-            "read-set replay matches",
-            f"{programs}/{programs}",
-            f"{whole['readset_ok']}/{programs}",
-            whole["readset_ok"] == programs,
-        ),
+        _every("read-set replay matches", whole["readset_ok"], programs),
         _target(
             "guard exact or refused, never wrong",
             f"{segments}",
             f"{guard_ok}+{guard_refused}",
             guard_ok + guard_refused == segments,
         ),
-        _target(
-            "wrong generator state detected",
-            f"{programs}/{programs}",
-            f"{whole['wrong_rng_detected']}/{programs}",
-            whole["wrong_rng_detected"] == programs,
-        ),
+        _every("wrong generator state detected", whole["wrong_rng_detected"], programs),
     ]
     return SuiteResult(
         suite="bytes",
@@ -239,19 +239,21 @@ def suite_complex_step(seed: int, programs: int, quiet: bool = False) -> SuiteRe
         The suite's result.
     """
     C = require_extension()
-    bar = _Progress("complex-step", programs, quiet)
-    coords = unsupported = 0
-    worst = 0.0
-    for i in range(programs):
-        r = C.contract.check_complex_step(_program(seed + i, buffers=4, min_elems=12, max_elems=16))
-        coords += r["coordinates"]
-        unsupported += r["unsupported"]
-        worst = max(worst, r["max_mismatch"])
-        bar.update(i + 1)
+    n, worst = _per_program(
+        "complex-step",
+        programs,
+        quiet,
+        lambda i: C.contract.check_complex_step(
+            _program(seed + i, buffers=4, min_elems=12, max_elems=16)
+        ),
+        ("coordinates", "unsupported"),
+        "max_mismatch",
+    )
+    coords = n["coordinates"]
     m = {
         "programs": programs,
         "coordinates": coords,
-        "unsupported_coordinates": unsupported,
+        "unsupported_coordinates": n["unsupported"],
         "max_mismatch": worst,
     }
     t = [
