@@ -13,10 +13,13 @@ per-op:   one segment of ``2 * ops`` tiny operators (``x * c + d`` on 16 floats)
           (``"python"``).
 small-op: 64 segments of a 6-operator elementwise block on a 32x32 tensor (the case where
           the observer's per-operator cost shows), ``use_reentrant`` False and True.
+per-segment: the fixed cost of a segment (64 one-operator segments), torch vs torch_replay
+          vs torch_replay with ``tr.config.observe = False``.
 gpt:      a 6-layer GPT-style model (d=256, 4 heads, sequence 128, batch 4), every block
-          checkpointed, one training step: without state, with ``state=[block]`` (engine
-          auto: the copy-on-write journal, which turns the write watch on), and with
-          ``tr.config.detect = "preserve"`` (undeclared reads journaled, watch on).
+          checkpointed, one training step: without state, without observation, with
+          ``state=[block]`` under each engine (auto and journal turn the process-wide write
+          watch on), and with ``tr.config.detect = "preserve"`` (undeclared reads
+          journaled, watch on). Its ratios are medians of per-round ratios.
 kept:     the README's usage ``tr.checkpoint(block, x, state=[block])`` on 4 blocks of 16 MiB
           of parameters: engine bytes held between forward and backward
           (``tr.engine_bytes()``) per engine, and under ``detect="preserve"``.
@@ -56,6 +59,38 @@ def _interleaved(steps: dict, reps: int) -> dict[str, float]:
             if rep:  # the first round warms up
                 times[name].append(t)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _paired(steps: dict, reps: int, base: str = "torch") -> tuple[dict, dict]:
+    """Medians of interleaved repetitions, and the median over repetitions of each
+    method's time over the base method's time in the same round (robust to load that
+    drifts between rounds, which a ratio of medians is not)."""
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for rep in range(reps + 1):
+        for name, step in steps.items():
+            t = _time(step)
+            if rep:  # the first round warms up
+                times[name].append(t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = {
+        k: statistics.median(a / b for a, b in zip(v, times[base], strict=True))
+        for k, v in times.items()
+    }
+    return med, ratio
+
+
+def _with_config(fn, **settings):
+    def run():
+        old = {k: getattr(tr.config, k) for k in settings}
+        for k, v in settings.items():
+            setattr(tr.config, k, v)
+        try:
+            fn()
+        finally:
+            for k, v in old.items():
+                setattr(tr.config, k, v)
+
+    return run
 
 
 def _with_observer(observer: str, fn):
@@ -163,6 +198,9 @@ class Block(nn.Module):
         return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), 0.1)
 
 
+GPT_ENGINES = ("auto", "journal", "readset", "guard", "snapshot")
+
+
 def bench_gpt(reps: int, layers: int = 6, d: int = 256, seq: int = 128, batch: int = 4) -> dict:
     torch.manual_seed(0)
     blocks = nn.ModuleList(Block(d, 4) for _ in range(layers))
@@ -178,38 +216,56 @@ def bench_gpt(reps: int, layers: int = 6, d: int = 256, seq: int = 128, batch: i
 
         return run
 
-    def with_state(blk, h, use_reentrant):
-        return tr.checkpoint(blk, h, use_reentrant=use_reentrant, state=[blk])
+    def with_state(engine):
+        def ckpt(blk, h, use_reentrant):
+            return tr.checkpoint(blk, h, use_reentrant=use_reentrant, state=[blk], engine=engine)
 
-    def preserving(fn):
+        return ckpt
+
+    variants = {
+        "torch": step(tcp.checkpoint),
+        "no state": step(tr.checkpoint),
+        "observe=False": _with_config(step(tr.checkpoint), observe=False),
+        **{f"state=[block], {e}": step(with_state(e)) for e in GPT_ENGINES},
+        'detect="preserve"': _with_config(step(tr.checkpoint), detect="preserve"),
+    }
+    med, ratio = _paired(variants, reps)
+    return {
+        "torch_s": med["torch"],
+        "rows": [{"variant": k, "s": med[k], "ratio": ratio[k]} for k in variants if k != "torch"],
+    }
+
+
+# ------------------------------------------------------------- per segment
+
+
+def bench_per_segment(segments: int, reps: int) -> list[dict]:
+    """Fixed cost per segment: ``segments`` one-operator segments (``h * 2`` on 4 floats)."""
+    x = torch.randn(4, requires_grad=True)
+
+    def blk(h):
+        return h * 2.0
+
+    def step(ckpt):
         def run():
-            old = tr.config.detect
-            tr.config.detect = "preserve"
-            try:
-                fn()
-            finally:
-                tr.config.detect = old
+            h = x
+            for _ in range(segments):
+                h = ckpt(blk, h, use_reentrant=False)
+            h.sum().backward()
 
         return run
 
-    med = _interleaved(
+    med, ratio = _paired(
         {
             "torch": step(tcp.checkpoint),
             "torch_replay": step(tr.checkpoint),
-            "state": step(with_state),
-            "preserve": preserving(step(tr.checkpoint)),
+            "observe=False": _with_config(step(tr.checkpoint), observe=False),
         },
         reps,
     )
-    return {
-        "torch_s": med["torch"],
-        "ours_s": med["torch_replay"],
-        "ratio": med["torch_replay"] / med["torch"],
-        "state_s": med["state"],
-        "state_ratio": med["state"] / med["torch"],
-        "preserve_s": med["preserve"],
-        "preserve_ratio": med["preserve"] / med["torch"],
-    }
+    return [
+        {"variant": k, "us_per_segment": 1e6 * med[k] / segments, "ratio": ratio[k]} for k in med
+    ]
 
 
 def bench_kept(blocks: int = 4, width: int = 2048) -> list[dict]:
@@ -239,7 +295,7 @@ def bench_kept(blocks: int = 4, width: int = 2048) -> list[dict]:
     return rows
 
 
-def markdown(per_op, small, gpt, kept, argv) -> str:
+def markdown(per_op, small, per_segment, gpt, kept, argv) -> str:
     lines = [
         f"Command: `python benchmarks/bench_observer.py {' '.join(argv)}`",
         "",
@@ -269,15 +325,29 @@ def markdown(per_op, small, gpt, kept, argv) -> str:
         )
     lines += [
         "",
+        "## Fixed cost per segment (one-operator segments, 4 floats)",
+        "",
+        "| variant | µs per segment | ratio to torch |",
+        "|---|---|---|",
+    ]
+    for r in per_segment:
+        lines.append(f"| {r['variant']} | {r['us_per_segment']:.1f} | {r['ratio']:.3f} |")
+    lines += [
+        "",
         "## GPT-style model (6 blocks, d=256, 4 heads, sequence 128, batch 4, dropout)",
         "",
-        "| variant | torch s | torch_replay s | ratio |",
-        "|---|---|---|---|",
-        f"| no state | {gpt['torch_s']:.4f} | {gpt['ours_s']:.4f} | {gpt['ratio']:.3f} |",
-        f"| `state=[block]` (auto: journal, write watch on) | {gpt['torch_s']:.4f} | "
-        f"{gpt['state_s']:.4f} | {gpt['state_ratio']:.3f} |",
-        f'| `detect="preserve"`, no state (write watch on) | {gpt["torch_s"]:.4f} | '
-        f"{gpt['preserve_s']:.4f} | {gpt['preserve_ratio']:.3f} |",
+        "Ratio: the median over repetitions of the variant's step time over torch's step in",
+        'the same round. `state=[block]` with the journal or `auto` (and `detect="preserve"`)',
+        "turns the process-wide write watch on.",
+        "",
+        f"torch.utils.checkpoint step: {gpt['torch_s']:.4f} s",
+        "",
+        "| variant | torch_replay s | ratio |",
+        "|---|---|---|",
+    ]
+    for r in gpt["rows"]:
+        lines.append(f"| {r['variant']} | {r['s']:.4f} | {r['ratio']:.3f} |")
+    lines += [
         "",
         "## Bytes kept from forward to backward: `tr.checkpoint(block, x, state=[block])`",
         "",
@@ -305,9 +375,10 @@ def main(argv: list[str] | None = None) -> int:
     reps = 2 if a.quick else a.reps
     per_op = bench_per_op(50 if a.quick else 500, reps)
     small = bench_small_ops(8 if a.quick else 64, reps)
+    per_segment = bench_per_segment(8 if a.quick else 64, reps)
     gpt = bench_gpt(reps, layers=2 if a.quick else 6)
     kept = bench_kept(width=256 if a.quick else 2048)
-    md = markdown(per_op, small, gpt, kept, sys.argv[1:] if argv is None else argv)
+    md = markdown(per_op, small, per_segment, gpt, kept, sys.argv[1:] if argv is None else argv)
     print(md)
     if a.out:
         with open(a.out, "w") as f:

@@ -117,9 +117,13 @@ class _Frame:
         return ret
 
     def _recompute_pack(self, gid, txn, early_stop: bool):
+        # (One call for the segment instead of one per saved tensor when the forward
+        # wrote no pre-existing bytes, which is the common case.)
+        overwrites = txn is not None and txn.has_writes
+
         def pack(x):
             x = x.detach() if x.requires_grad else x
-            if txn is not None and txn.overwritten_later(x):
+            if overwrites and txn.overwritten_later(x):
                 x = x.clone()  # the segment overwrites these bytes after saving them
             idx = self.counter[gid]
             self.counter[gid] += 1
@@ -171,11 +175,12 @@ class _Frame:
                 txn.verify_replay()
             # Recomputed tensors that alias state about to be put back to its live
             # bytes must keep the replay's bytes.
-            store = self.recomputed[gid]
-            for handle in list(store.keys()):
-                t = store[handle]
-                if txn.restores(t):
-                    store[handle] = t.clone()
+            if txn.restores_any:
+                store = self.recomputed[gid]
+                for handle in list(store.keys()):
+                    t = store[handle]
+                    if txn.restores(t):
+                        store[handle] = t.clone()
         finally:
             txn.finish_replay()
         self.done[gid] = True

@@ -139,6 +139,8 @@ TORCH_REPLAY_BINDINGS(replay) {
       .def("finish_replay", &Transaction::finish_replay)
       .def_property_readonly("in_replay", &Transaction::in_replay)
       .def_property_readonly("stateful", &Transaction::stateful)
+      .def_property_readonly("has_writes", &Transaction::has_writes)
+      .def_property_readonly("restores_any", &Transaction::restores_any)
       .def_property_readonly("engine", &Transaction::engine)
       .def_property_readonly("retained_bytes", &Transaction::retained_bytes)
       .def_property_readonly(

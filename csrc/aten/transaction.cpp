@@ -9,100 +9,12 @@
 
 #include "aten/byte_devices.h"
 #include "aten/op_observer.h"
+#include "aten/tensor_bytes.h"
 #include "core/status.h"
 
 namespace torch_replay::aten {
 
-namespace {
-
-// Footprints with more runs than this are over-approximated by their
-// bounding range (Note [Byte devices] users then save a little more).
-constexpr int64_t kMaxRuns = 1 << 16;
-
-using WeakStorage = c10::weak_intrusive_ptr<c10::StorageImpl>;
-
-// The storages that some journal-engine segment declared, by key, to find
-// their bytes when the journal is undone. Which of them are journaled is the
-// journal's own watch count (Note [Journal watch]); the weak references keep
-// each StorageImpl's memory allocated, so that no later storage reuses a key
-// that the journal's entries still name.
-struct JournalRegistry {
-  std::mutex mutex;
-  std::map<StorageKey, WeakStorage> storages;
-};
-JournalRegistry& journal_registry() {
-  static JournalRegistry registry;
-  return registry;
-}
-
-StorageRef ref_of(const c10::Storage& storage) {
-  return {
-      static_cast<uint8_t*>(storage.mutable_data()),
-      static_cast<int64_t>(storage.nbytes()),
-      &byte_device_for(storage.device())};
-}
-
-StorageRef resolve_weak(const WeakStorage& weak) {
-  auto strong = weak.lock();
-  if (!strong) {
-    return {};
-  }
-  c10::Storage storage(std::move(strong));
-  return ref_of(storage);
-}
-
-Resolver journal_resolver() {
-  return [](StorageKey key) -> StorageRef {
-    auto& reg = journal_registry();
-    std::lock_guard<std::mutex> lock(reg.mutex);
-    auto it = reg.storages.find(key);
-    return it == reg.storages.end() ? StorageRef{} : resolve_weak(it->second);
-  };
-}
-
-// A Python number wrapped into a tensor for one operator is never state.
-bool observable(const at::Tensor& t) {
-  return t.defined() && t.layout() == at::kStrided && t.has_storage() &&
-         !t.is_meta() && !t.unsafeGetTensorImpl()->is_wrapped_number() &&
-         t.storage().data() != nullptr;
-}
-
-RangeSet footprint_of(const at::Tensor& t, bool* exact = nullptr) {
-  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-  std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
-  return strided_footprint(
-      t.storage_offset(), sizes, strides, t.element_size(), kMaxRuns, exact);
-}
-
-bool same_view(const at::Tensor& a, const at::Tensor& b) {
-  return a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
-         a.strides() == b.strides() && a.dtype() == b.dtype();
-}
-
-std::string describe(const at::Tensor& t) {
-  std::ostringstream os;
-  os << t.scalar_type() << t.sizes() << " on " << t.device();
-  return os.str();
-}
-
-int64_t counter_version(const c10::VariableVersion& counter) {
-  return counter.enabled() ? static_cast<int64_t>(counter.current_version())
-                           : 0;
-}
-
-int64_t version_of(c10::TensorImpl* impl) {
-  return counter_version(impl->version_counter());
-}
-
-void set_version_of(c10::TensorImpl* impl, int64_t version) {
-  c10::VariableVersion counter = impl->version_counter();
-  if (counter.enabled() &&
-      static_cast<int64_t>(counter.current_version()) != version) {
-    counter.set_version(version);
-  }
-}
-
-}  // namespace
+using namespace detail;  // NOLINT(google-build-using-namespace)
 
 void journal_write_outside_segments(const at::Tensor& t) {
   if (!observable(t)) {
@@ -277,7 +189,8 @@ void Transaction::before_op(
   require_phase(replay || phase_ == Phase::kForward, "observe an operator");
 
   // Keys, devices, and grad taint of the reads.
-  std::vector<StorageKey> keys(tensors.size(), 0);
+  std::vector<StorageKey>& keys = keys_scratch_;  // (callbacks never nest)
+  keys.assign(tensors.size(), 0);
   bool tainted_read = false;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
@@ -290,7 +203,7 @@ void Transaction::before_op(
           devices_seen_.end()) {
         devices_seen_.push_back(t.device());
       }
-      if (!internal_.count(keys[i])) {
+      if (!internal_.count(keys[i]) && !external_.count(keys[i])) {
         external_.emplace(keys[i], t.storage().getWeakStorageImpl());
       }
       if (!writes[i] && at::isFloatingType(t.scalar_type())) {
@@ -324,10 +237,18 @@ void Transaction::before_op(
       continue;
     }
     const StorageKey key = keys[i];
-    const bool interesting =
-        replay ? !replay_internal_.count(key)
-               : (declared_.count(key) || !internal_.count(key));
+    const bool declared = declared_.count(key) > 0;
+    const bool interesting = replay ? !replay_internal_.count(key)
+                                    : (declared || !internal_.count(key));
     if (!interesting) {
+      continue;
+    }
+    // A read of undeclared state needs its bytes only to be preserved
+    // (detect="preserve"); otherwise its version counter is all it costs.
+    if (!writes[i] && !declared && (replay || !reads_engine_)) {
+      if (!replay) {
+        forward_access(tensors[i], key, RangeSet(), false);
+      }
       continue;
     }
     RangeSet fp = footprint_of(tensors[i]);
@@ -576,234 +497,6 @@ void Transaction::abort_forward() {
   }
   rollback();
   release();
-}
-
-// ----------------------------------------------------------------- replay
-
-void Transaction::check_unchanged() const {
-  auto check = [this](const Watched& w, const char* what) {
-    const int64_t now = counter_version(w.counter);
-    if (now != w.version) {
-      std::ostringstream os;
-      os << "a tensor the checkpointed segment " << what
-         << " was modified in place after the forward (version " << w.version
-         << " -> " << now
-         << "), so the re-run would compute different values. Declare it in "
-            "state= so its forward value is preserved, or do not modify it "
-            "before backward.";
-      fail(static_cast<int>(ErrorKind::kStateMutation), os.str(), w.key);
-    }
-  };
-  for (const auto& w : saved_) {
-    check(w, "saved for backward");
-  }
-  for (const auto& [impl, w] : reads_) {
-    check(w, "read");
-  }
-  for (const auto& w : reads_of_freed_) {
-    check(w, "read");
-  }
-}
-
-void Transaction::begin_replay() {
-  require_phase(phase_ == Phase::kForwardDone, "start the re-run");
-  check_unchanged();
-  live_.clear();
-  replay_internal_.clear();
-  replay_versions_.clear();
-  replay_versioned_.clear();
-  const Resolver r = resolver();
-  // 1. Save the live bytes of everything the restore below rewrites.
-  for (const PreservationEngine* e : {engine_.get(), reads_engine_.get()}) {
-    if (e == nullptr) {
-      continue;
-    }
-    for (const auto& [key, ranges] : e->restored_regions()) {
-      StorageRef ref = r(key);
-      if (ref.base != nullptr) {
-        live_.save(key, ref, ranges);
-      }
-    }
-  }
-  for (StorageKey key : implicit_.keys()) {
-    live_.save(key, r(key), implicit_.saved(key));
-  }
-  for (auto& [key, d] : declared_) {
-    for (const auto& t : d.tensors) {
-      remember_version(t);
-    }
-  }
-  generators_.save_live();
-  replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
-  // 2. Put B0 back, proving it where the engine kept only hashes.
-  try {
-    StorageKey bad = engine_->restore_start(r);
-    if (bad != 0) {
-      const bool guard = engine_->kind() == EngineKind::kGuard;
-      fail(
-          static_cast<int>(ErrorKind::kStateMutation),
-          "declared state '" + name_of(bad) + "' was modified after the " +
-              "forward by a write that engine='" + engine() +
-              "' cannot undo (" +
-              (guard ? "the guard engine keeps nothing"
-                     : "a write that bypassed the dispatcher (the memory of "
-                       ".numpy(), a raw pointer, a compiled kernel writing "
-                       "an input) is not journaled") +
-              "); use engine='readset' or 'snapshot' for this segment",
-          bad);
-    }
-    if (reads_engine_) {
-      bad = reads_engine_->restore_start(r);
-      if (bad != 0) {
-        fail(
-            static_cast<int>(ErrorKind::kStateMutation),
-            "a tensor the checkpointed segment read was modified after the "
-            "forward by a write that bypassed the dispatcher (the memory of "
-            ".numpy(), a raw pointer, a compiled kernel writing an input), "
-            "so its forward value cannot be restored "
-            "(tr.config.detect='preserve' journals only dispatcher writes). "
-            "Declare it in state= with engine='readset' or 'snapshot'.",
-            bad);
-      }
-    }
-    implicit_.restore_all(r);
-    generators_.set_start();
-  } catch (...) {
-    live_.restore_all(r);
-    generators_.restore_live();
-    live_.clear();
-    throw;
-  }
-  phase_ = Phase::kReplay;
-}
-
-void Transaction::remember_version(const at::Tensor& t) {
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (replay_versioned_.insert(impl).second) {
-    replay_versions_.emplace_back(
-        c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-            t.getIntrusivePtr()),
-        version_of(impl));
-  }
-}
-
-void Transaction::replay_access(
-    const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write) {
-  const bool declared = declared_.count(key) > 0;
-  auto fpit = footprint_.find(key);
-  const bool known = declared || fpit != footprint_.end();
-  if (write) {
-    if (!known && !external_.count(key)) {
-      return;  // a storage the replay made itself
-    }
-    if (!known) {
-      // Keep the live bytes first (Note [C++ observer]: the write happens
-      // even though it is refused), so that finish_replay puts them back.
-      written_external_.insert_or_assign(
-          key, External{t.storage().getWeakStorageImpl()});
-      live_.save(key, ref_of(t.storage()), fp);
-      remember_version(t);
-      fail(
-          static_cast<int>(ErrorKind::kStateMutation),
-          "the re-run writes " + describe(t) +
-              ", a tensor the forward did not write: the segment is not "
-              "deterministic in the state it touches. Declare that state in "
-              "state= or make the segment deterministic.",
-          key);
-    }
-    StorageRef ref = resolve(key);
-    live_.save(key, ref, fp);
-    remember_version(t);
-  }
-  if (declared && engine_->kind() != EngineKind::kSnapshot &&
-      (fpit == footprint_.end() || !fpit->second.contains(fp))) {
-    fail(
-        static_cast<int>(ErrorKind::kStateMutation),
-        "the re-run touches bytes of declared state '" + name_of(key) +
-            "' that the forward did not touch, so they are not preserved by "
-            "engine='" +
-            engine() +
-            "': the segment's control flow depends on state that changed. "
-            "Use engine='snapshot' or declare the state it depends on.",
-        key);
-  }
-}
-
-bool Transaction::restores(const at::Tensor& t) const {
-  return observable(t) && live_.saved(storage_key(t)).bytes() > 0;
-}
-
-bool Transaction::overwritten_later(const at::Tensor& t) const {
-  if (!observable(t)) {
-    return false;
-  }
-  auto it = writes_.find(storage_key(t));
-  return it != writes_.end() && it->second.overlaps(footprint_of(t));
-}
-
-void Transaction::verify_replay() {
-  require_phase(phase_ == Phase::kReplay, "verify the re-run");
-  StorageKey bad = end_hashes_.first_mismatch(resolver());
-  if (bad != 0) {
-    std::string name = name_of(bad);
-    fail(
-        static_cast<int>(ErrorKind::kStateMutation),
-        "the re-run did not reproduce the forward's end state of " +
-            (name.empty() ? std::string("a tensor it writes")
-                          : "'" + name + "'") +
-            " (P(B0,R0) != (B_T,R_T) on storage bytes): the segment depends "
-            "on state that changed and is not declared, or is not "
-            "deterministic. Declare that state in state=.",
-        bad);
-  }
-  if (auto gen = generators_.end_mismatch()) {
-    fail(
-        static_cast<int>(ErrorKind::kRngMismatch),
-        "the re-run left " + *gen +
-            " at a different position than the forward did: it drew a "
-            "different number of random values, so every later draw would "
-            "diverge. Declare the state that decides how much it draws.",
-        0);
-  }
-}
-
-void Transaction::finish_replay() {
-  if (phase_ != Phase::kReplay) {
-    return;
-  }
-  live_.restore_all(resolver());
-  generators_.restore_live();
-  for (auto it = replay_versions_.rbegin(); it != replay_versions_.rend();
-       ++it) {
-    if (auto strong = it->first.lock()) {
-      set_version_of(strong.get(), it->second);
-    }
-  }
-  replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
-  live_.clear();
-  replay_versions_.clear();
-  replay_versioned_.clear();
-  replay_internal_.clear();
-  phase_ = Phase::kForwardDone;
-}
-
-void Transaction::release() {
-  if (phase_ == Phase::kReleased) {
-    return;
-  }
-  if (engine_) {
-    engine_->release();
-  }
-  if (reads_engine_) {
-    reads_engine_->release();
-  }
-  if (watching_writes_) {
-    write_watch_release();
-    watching_writes_ = false;
-  }
-  implicit_.clear();
-  live_.clear();
-  phase_ = Phase::kReleased;
 }
 
 // ---------------------------------------------------------- introspection

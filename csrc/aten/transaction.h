@@ -165,6 +165,16 @@ class Transaction {
   // entries recorded since this segment started, shared with later ones).
   int64_t retained_bytes() const;
   // Bytes of the largest live save made around a replay so far.
+  // Whether the forward wrote any pre-existing or declared bytes (when not,
+  // no saved tensor can be overwritten later: overwritten_later is false).
+  bool has_writes() const {
+    return !writes_.empty();
+  }
+  // Whether the replay in progress will put any live bytes back (when not,
+  // restores() is false for every tensor).
+  bool restores_any() const {
+    return live_.bytes() > 0;
+  }
   int64_t replay_transient_bytes() const {
     return replay_transient_bytes_;
   }
@@ -270,6 +280,7 @@ class Transaction {
   int64_t replay_transient_bytes_ = 0;
   std::exception_ptr pending_;
   bool watching_writes_ = false;
+  std::vector<StorageKey> keys_scratch_;  // before_op's, reused
 };
 
 }  // namespace torch_replay::aten

@@ -1,0 +1,81 @@
+#include "aten/tensor_bytes.h"
+
+#include <sstream>
+#include <vector>
+
+#include "aten/byte_devices.h"
+
+namespace torch_replay::aten::detail {
+
+JournalRegistry& journal_registry() {
+  static JournalRegistry registry;
+  return registry;
+}
+
+StorageRef ref_of(const c10::Storage& storage) {
+  return {
+      static_cast<uint8_t*>(storage.mutable_data()),
+      static_cast<int64_t>(storage.nbytes()),
+      &byte_device_for(storage.device())};
+}
+
+StorageRef resolve_weak(const WeakStorage& weak) {
+  auto strong = weak.lock();
+  if (!strong) {
+    return {};
+  }
+  c10::Storage storage(std::move(strong));
+  return ref_of(storage);
+}
+
+Resolver journal_resolver() {
+  return [](StorageKey key) -> StorageRef {
+    auto& reg = journal_registry();
+    std::lock_guard<std::mutex> lock(reg.mutex);
+    auto it = reg.storages.find(key);
+    return it == reg.storages.end() ? StorageRef{} : resolve_weak(it->second);
+  };
+}
+
+bool observable(const at::Tensor& t) {
+  return t.defined() && t.layout() == at::kStrided && t.has_storage() &&
+         !t.is_meta() && !t.unsafeGetTensorImpl()->is_wrapped_number() &&
+         t.storage().data() != nullptr;
+}
+
+RangeSet footprint_of(const at::Tensor& t, bool* exact) {
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
+  return strided_footprint(
+      t.storage_offset(), sizes, strides, t.element_size(), kMaxRuns, exact);
+}
+
+bool same_view(const at::Tensor& a, const at::Tensor& b) {
+  return a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
+std::string describe(const at::Tensor& t) {
+  std::ostringstream os;
+  os << t.scalar_type() << t.sizes() << " on " << t.device();
+  return os.str();
+}
+
+int64_t counter_version(const c10::VariableVersion& counter) {
+  return counter.enabled() ? static_cast<int64_t>(counter.current_version())
+                           : 0;
+}
+
+int64_t version_of(c10::TensorImpl* impl) {
+  return counter_version(impl->version_counter());
+}
+
+void set_version_of(c10::TensorImpl* impl, int64_t version) {
+  c10::VariableVersion counter = impl->version_counter();
+  if (counter.enabled() &&
+      static_cast<int64_t>(counter.current_version()) != version) {
+    counter.set_version(version);
+  }
+}
+
+}  // namespace torch_replay::aten::detail

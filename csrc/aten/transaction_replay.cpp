@@ -1,0 +1,248 @@
+// The replay half of the Transaction (Note [Replay protocol], steps 1-4):
+// check, restore, re-run under the observer, verify, put the live bytes back.
+
+#include <ATen/Context.h>
+
+#include <algorithm>
+#include <sstream>
+#include <utility>
+
+#include "aten/byte_devices.h"
+#include "aten/op_observer.h"
+#include "aten/tensor_bytes.h"
+#include "aten/transaction.h"
+#include "core/status.h"
+
+namespace torch_replay::aten {
+
+using namespace detail;  // NOLINT(google-build-using-namespace)
+
+// ----------------------------------------------------------------- replay
+
+void Transaction::check_unchanged() const {
+  auto check = [this](const Watched& w, const char* what) {
+    const int64_t now = counter_version(w.counter);
+    if (now != w.version) {
+      std::ostringstream os;
+      os << "a tensor the checkpointed segment " << what
+         << " was modified in place after the forward (version " << w.version
+         << " -> " << now
+         << "), so the re-run would compute different values. Declare it in "
+            "state= so its forward value is preserved, or do not modify it "
+            "before backward.";
+      fail(static_cast<int>(ErrorKind::kStateMutation), os.str(), w.key);
+    }
+  };
+  for (const auto& w : saved_) {
+    check(w, "saved for backward");
+  }
+  for (const auto& [impl, w] : reads_) {
+    check(w, "read");
+  }
+  for (const auto& w : reads_of_freed_) {
+    check(w, "read");
+  }
+}
+
+void Transaction::begin_replay() {
+  require_phase(phase_ == Phase::kForwardDone, "start the re-run");
+  check_unchanged();
+  live_.clear();
+  replay_internal_.clear();
+  replay_versions_.clear();
+  replay_versioned_.clear();
+  const Resolver r = resolver();
+  // 1. Save the live bytes of everything the restore below rewrites.
+  for (const PreservationEngine* e : {engine_.get(), reads_engine_.get()}) {
+    if (e == nullptr) {
+      continue;
+    }
+    for (const auto& [key, ranges] : e->restored_regions()) {
+      StorageRef ref = r(key);
+      if (ref.base != nullptr) {
+        live_.save(key, ref, ranges);
+      }
+    }
+  }
+  for (StorageKey key : implicit_.keys()) {
+    live_.save(key, r(key), implicit_.saved(key));
+  }
+  for (auto& [key, d] : declared_) {
+    for (const auto& t : d.tensors) {
+      remember_version(t);
+    }
+  }
+  generators_.save_live();
+  replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
+  // 2. Put B0 back, proving it where the engine kept only hashes.
+  try {
+    StorageKey bad = engine_->restore_start(r);
+    if (bad != 0) {
+      const bool guard = engine_->kind() == EngineKind::kGuard;
+      fail(
+          static_cast<int>(ErrorKind::kStateMutation),
+          "declared state '" + name_of(bad) + "' was modified after the " +
+              "forward by a write that engine='" + engine() +
+              "' cannot undo (" +
+              (guard ? "the guard engine keeps nothing"
+                     : "a write that bypassed the dispatcher (the memory of "
+                       ".numpy(), a raw pointer, a compiled kernel writing "
+                       "an input) is not journaled") +
+              "); use engine='readset' or 'snapshot' for this segment",
+          bad);
+    }
+    if (reads_engine_) {
+      bad = reads_engine_->restore_start(r);
+      if (bad != 0) {
+        fail(
+            static_cast<int>(ErrorKind::kStateMutation),
+            "a tensor the checkpointed segment read was modified after the "
+            "forward by a write that bypassed the dispatcher (the memory of "
+            ".numpy(), a raw pointer, a compiled kernel writing an input), "
+            "so its forward value cannot be restored "
+            "(tr.config.detect='preserve' journals only dispatcher writes). "
+            "Declare it in state= with engine='readset' or 'snapshot'.",
+            bad);
+      }
+    }
+    implicit_.restore_all(r);
+    generators_.set_start();
+  } catch (...) {
+    live_.restore_all(r);
+    generators_.restore_live();
+    live_.clear();
+    throw;
+  }
+  phase_ = Phase::kReplay;
+}
+
+void Transaction::remember_version(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (replay_versioned_.insert(impl).second) {
+    replay_versions_.emplace_back(
+        c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
+            t.getIntrusivePtr()),
+        version_of(impl));
+  }
+}
+
+void Transaction::replay_access(
+    const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write) {
+  const bool declared = declared_.count(key) > 0;
+  auto fpit = footprint_.find(key);
+  const bool known = declared || fpit != footprint_.end();
+  if (write) {
+    if (!known && !external_.count(key)) {
+      return;  // a storage the replay made itself
+    }
+    if (!known) {
+      // Keep the live bytes first (Note [C++ observer]: the write happens
+      // even though it is refused), so that finish_replay puts them back.
+      written_external_.insert_or_assign(
+          key, External{t.storage().getWeakStorageImpl()});
+      live_.save(key, ref_of(t.storage()), fp);
+      remember_version(t);
+      fail(
+          static_cast<int>(ErrorKind::kStateMutation),
+          "the re-run writes " + describe(t) +
+              ", a tensor the forward did not write: the segment is not "
+              "deterministic in the state it touches. Declare that state in "
+              "state= or make the segment deterministic.",
+          key);
+    }
+    StorageRef ref = resolve(key);
+    live_.save(key, ref, fp);
+    remember_version(t);
+  }
+  if (declared && engine_->kind() != EngineKind::kSnapshot &&
+      (fpit == footprint_.end() || !fpit->second.contains(fp))) {
+    fail(
+        static_cast<int>(ErrorKind::kStateMutation),
+        "the re-run touches bytes of declared state '" + name_of(key) +
+            "' that the forward did not touch, so they are not preserved by "
+            "engine='" +
+            engine() +
+            "': the segment's control flow depends on state that changed. "
+            "Use engine='snapshot' or declare the state it depends on.",
+        key);
+  }
+}
+
+bool Transaction::restores(const at::Tensor& t) const {
+  return observable(t) && live_.saved(storage_key(t)).bytes() > 0;
+}
+
+bool Transaction::overwritten_later(const at::Tensor& t) const {
+  if (!observable(t)) {
+    return false;
+  }
+  auto it = writes_.find(storage_key(t));
+  return it != writes_.end() && it->second.overlaps(footprint_of(t));
+}
+
+void Transaction::verify_replay() {
+  require_phase(phase_ == Phase::kReplay, "verify the re-run");
+  StorageKey bad = end_hashes_.first_mismatch(resolver());
+  if (bad != 0) {
+    std::string name = name_of(bad);
+    fail(
+        static_cast<int>(ErrorKind::kStateMutation),
+        "the re-run did not reproduce the forward's end state of " +
+            (name.empty() ? std::string("a tensor it writes")
+                          : "'" + name + "'") +
+            " (P(B0,R0) != (B_T,R_T) on storage bytes): the segment depends "
+            "on state that changed and is not declared, or is not "
+            "deterministic. Declare that state in state=.",
+        bad);
+  }
+  if (auto gen = generators_.end_mismatch()) {
+    fail(
+        static_cast<int>(ErrorKind::kRngMismatch),
+        "the re-run left " + *gen +
+            " at a different position than the forward did: it drew a "
+            "different number of random values, so every later draw would "
+            "diverge. Declare the state that decides how much it draws.",
+        0);
+  }
+}
+
+void Transaction::finish_replay() {
+  if (phase_ != Phase::kReplay) {
+    return;
+  }
+  live_.restore_all(resolver());
+  generators_.restore_live();
+  for (auto it = replay_versions_.rbegin(); it != replay_versions_.rend();
+       ++it) {
+    if (auto strong = it->first.lock()) {
+      set_version_of(strong.get(), it->second);
+    }
+  }
+  replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
+  live_.clear();
+  replay_versions_.clear();
+  replay_versioned_.clear();
+  replay_internal_.clear();
+  phase_ = Phase::kForwardDone;
+}
+
+void Transaction::release() {
+  if (phase_ == Phase::kReleased) {
+    return;
+  }
+  if (engine_) {
+    engine_->release();
+  }
+  if (reads_engine_) {
+    reads_engine_->release();
+  }
+  if (watching_writes_) {
+    write_watch_release();
+    watching_writes_ = false;
+  }
+  implicit_.clear();
+  live_.clear();
+  phase_ = Phase::kReleased;
+}
+
+}  // namespace torch_replay::aten
