@@ -33,9 +33,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .._ext import require_extension
-from . import observe as _observe
-from .observe import _AuditMode, _Auditor, _default_loss, _probe_engine, _verdict
+from .observe import _Auditor, _default_loss, _probe_engine, _verdict
 from .report import _OUTSIDE, _ROOT, AuditReport, SegmentAudit
 
 __all__ = ["AuditReport", "SegmentAudit", "audit", "main"]
@@ -71,12 +69,7 @@ def audit(
     overlapping copy) does not propagate: it is in ``report.error`` and the segments show
     what was observed up to it.
     """
-    previous = _observe._KEYS
-    _observe._KEYS = require_extension().StorageKeys()
-    try:
-        return _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines)
-    finally:
-        _observe._KEYS = previous
+    return _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines)
 
 
 def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> AuditReport:
@@ -121,10 +114,10 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
         target = label
     error = None
     try:
-        with _AuditMode(a):
+        with a.recording():
             out = run(*example_inputs)
             loss = (loss_fn or _default_loss)(out)
-            a.phase = "backward"
+            a.start_backward()
             loss.backward()
     except RuntimeError as exc:  # the model itself fails: report what was seen up to there
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
@@ -133,10 +126,11 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
             h.remove()
         while a.stack:
             a.leave()
+    a.analyse()
     report = AuditReport(target=target, segments=[], error=error)
     for name in a.order:
         seg = a.segments[name]
-        verdict = _verdict(a, seg, root)
+        verdict = _verdict(a, seg)
         if error is not None:
             verdict.needs_grad = True  # the forward did not finish: unknown, assume so
         if not verdict.needs_grad:
@@ -147,7 +141,7 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
             verdict.torch_replay_error = "OverlapError: raw overlapping write"
         report.segments.append(verdict)
     report.outside = sorted(
-        {a.name_of(k) for _, k, _, w in a.writes if w == _OUTSIDE and k in a.pre}
+        {a.name_of(k) for k, ws in a.writes.items() if k in a.pre for *_, w in ws if w == _OUTSIDE}
     )
     return report
 
