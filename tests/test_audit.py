@@ -650,3 +650,30 @@ def test_random_views_audit_equals_checkpoint():
                 assert s.torch_checkpoint_exact
                 kinds["write: interval overlaps, bytes do not"] += 1
     assert all(kinds.values()), kinds
+
+
+def test_instance_norm_running_stats_written_by_a_nested_operator():
+    # instance_norm updates its running statistics through the operators it calls; the
+    # recorder takes the write from the checkpoint observer's write table (Note [Audit
+    # recorder]). Checked against what each checkpoint does to the statistics.
+    import torch_replay as tr
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.InstanceNorm1d(3, track_running_stats=True), nn.Tanh()).train()
+
+    x = torch.randn(2, 3, 5, requires_grad=True)
+    s = audit(make(), x, segments=["0"])["0"]
+    assert s.mutated_in_forward == ["0.running_mean (buffer)", "0.running_var (buffer)"]
+    assert not s.torch_checkpoint_exact and s.auto_engine == "journal"
+    stats = []
+    for run in (
+        lambda m: m(x),
+        lambda m: tcp.checkpoint(m, x, use_reentrant=False),
+        lambda m: tr.checkpoint(m, x, use_reentrant=False, state=[m[0]]),
+    ):
+        m = make()
+        run(m).sum().backward()
+        stats.append(m[0].running_mean.clone())
+    assert not torch.equal(stats[1], stats[0])  # torch.utils.checkpoint: updated twice
+    assert torch.equal(stats[2], stats[0])

@@ -70,7 +70,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   const int depth = s.depth++;
   auto counted = std::make_unique<Counted>();
-  if (info.skip || rec->paused) {
+  if (rec->paused || (info.skip && depth > 0)) {
     return counted;
   }
   Busy busy(s);
@@ -83,6 +83,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       &s.writes,
       &generator);
   try {
+    if (depth == 0 && info.skip) {
+      // A view (or an operator that may return one, as reshape): it reads no
+      // bytes, but may make a new storage (reshape copying), which must be
+      // seen as made here, and its input must be known before its output.
+      rec->record_view(info.display, s.tensors);
+      return counted;
+    }
     if (depth == 0) {
       s.top_keys.clear();
       s.top_written.clear();
@@ -138,10 +145,6 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   const int depth = --s.depth;
   AuditRecorder* rec = g_active.load();
   if (rec == nullptr || s.in_callback || depth > 0 || rec->paused) {
-    return;
-  }
-  const OpInfo& info = operator_info(fn);
-  if (info.skip) {
     return;
   }
   Busy busy(s);
@@ -303,12 +306,7 @@ void AuditRecorder::record_op(
     const std::optional<at::Generator>& generator) {
   std::lock_guard<std::mutex> lock(mutex_);
   AuditOp op;
-  auto [it, fresh] =
-      op_index_.emplace(display, static_cast<int64_t>(op_names_.size()));
-  if (fresh) {
-    op_names_.push_back(display);
-  }
-  op.name = it->second;
+  op.name = name_index(display);
   ops_.push_back(op);
   c10::Device device(c10::kCPU);
   bool have_device = false;
@@ -337,6 +335,26 @@ void AuditRecorder::record_op(
   const int64_t w = overlapping_write(tensors, writes);
   if (w >= 0) {
     rec.overlap = index[w];
+  }
+}
+
+int64_t AuditRecorder::name_index(const std::string& display) {
+  auto [it, fresh] =
+      op_index_.emplace(display, static_cast<int64_t>(op_names_.size()));
+  if (fresh) {
+    op_names_.push_back(display);
+  }
+  return it->second;
+}
+
+void AuditRecorder::record_view(
+    const std::string& display, const std::vector<at::Tensor>& tensors) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  AuditOp op;
+  op.name = name_index(display);
+  ops_.push_back(op);
+  for (const at::Tensor& t : tensors) {
+    id_of(t);
   }
 }
 

@@ -19,7 +19,9 @@
 //     tensor arguments; an operator nested inside another's implementation
 //     adds only what the Transaction also takes from it (writes to storages
 //     the enclosing operator was given that it does not declare, and its
-//     random draws). Views are skipped (they read no bytes).
+//     random draws). Views read no bytes: they count as operators with no
+//     access, so that a storage an alias-returning operator makes (reshape
+//     copying) is seen as made there.
 //   * Scope: start() registers a thread-local callback on the calling thread
 //     (the autograd engine carries it to its worker threads); one recorder is
 //     active at a time. Recording is serialized by a mutex.
@@ -125,6 +127,8 @@ class AuditRecorder {
       const std::vector<bool>& writes,
       bool random,
       const std::optional<at::Generator>& generator);
+  void record_view(
+      const std::string& display, const std::vector<at::Tensor>& tensors);
   void record_nested(
       const std::vector<at::Tensor>& tensors,
       const std::vector<bool>& writes,
@@ -134,7 +138,8 @@ class AuditRecorder {
   void record_outputs(const std::vector<at::Tensor>& outputs);
 
  private:
-  int64_t id_of(const at::Tensor& t);  // requires mutex_
+  int64_t id_of(const at::Tensor& t);  // these require mutex_
+  int64_t name_index(const std::string& display);
   void add_access(
       const at::Tensor& t, int64_t storage, bool write, bool nested);
 

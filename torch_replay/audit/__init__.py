@@ -11,13 +11,16 @@
 the current directory (or give a file: ``path/to/mymodel.py:make``). For each candidate
 segment the report lists the hidden state a checkpoint re-run can get wrong: buffers and
 parameters mutated in forward, tensors read that are not inputs (and whether something
-writes them later), generators drawn from (default and explicit), storages aliased under
+writes them later: at the bytes read, or elsewhere in their storage), generators drawn from (default and explicit), storages aliased under
 different views or dtypes, overlapping writes, integer writes on gradient paths. The
 verdict says whether ``torch.utils.checkpoint`` would be exact and, if not, what goes wrong
 (a double update of state, or a wrong gradient), the ``torch_replay.checkpoint`` call to
 write (with its ``state=[...]``), which engine ``engine="auto"`` chooses and how many
 bytes it keeps (measured by running ``torch_replay.checkpoint`` on the segment; the model's
-state is put back afterwards). Exit status: 0 when every segment is exact under
+state is put back afterwards). Operators are seen by a C++ recorder on the checkpoint
+observer's facts and judged with its exact byte footprints (Note [Audit recorder] in
+``csrc/aten/audit_recorder.h``), so the audit and ``torch_replay.checkpoint`` agree on what
+overlaps and what is written. Exit status: 0 when every segment is exact under
 ``torch.utils.checkpoint``, 1 otherwise.
 """
 
