@@ -91,45 +91,17 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       return counted;
     }
     if (depth == 0) {
-      s.top_keys.clear();
-      s.top_written.clear();
-      for (size_t i = 0; i < s.tensors.size(); ++i) {
-        StorageKey key = 0;
-        if (observable_key(s.tensors[i], &key)) {
-          s.top_keys.push_back(key);
-          if (s.writes[i]) {
-            s.top_written.push_back(key);
-          }
-        }
-      }
+      top_level_keys(s.tensors, s.writes, &s.top_keys, &s.top_written);
       rec->record_op(info.display, s.tensors, s.writes, info.random, generator);
       return counted;
     }
-    // Nested: as the observer, only writes the enclosing operator does not
-    // declare to storages it was given, and random draws.
-    auto has = [](const std::vector<StorageKey>& v, StorageKey k) {
-      return std::find(v.begin(), v.end(), k) != v.end();
-    };
-    std::vector<at::Tensor> kept;
-    std::vector<bool> kept_writes;
-    for (size_t i = 0; i < s.tensors.size(); ++i) {
-      StorageKey key = 0;
-      if (s.writes[i] && observable_key(s.tensors[i], &key) &&
-          has(s.top_keys, key) && !has(s.top_written, key)) {
-        kept.push_back(s.tensors[i]);
-        kept_writes.push_back(true);
-      }
-    }
+    // Nested: what the observer takes from it (keep_nested_writes), and its
+    // random draws.
+    const c10::Device device = first_device(s.tensors);
     const bool random = info.random || generator.has_value();
-    if (!kept.empty() || random) {
-      c10::Device device(c10::kCPU);
-      for (const at::Tensor& t : s.tensors) {
-        if (t.defined()) {
-          device = t.device();
-          break;
-        }
-      }
-      rec->record_nested(kept, kept_writes, random, generator, device);
+    keep_nested_writes(&s.tensors, &s.writes, s.top_keys, s.top_written);
+    if (!s.tensors.empty() || random) {
+      rec->record_nested(s.tensors, s.writes, random, generator, device);
     }
   } catch (...) {
     // Never throw out of a dispatcher callback; the audit is then incomplete.

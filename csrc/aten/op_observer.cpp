@@ -141,60 +141,24 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   collect_arguments(
       info, fn.inputs(), /*writes_only=*/false, &tensors, &writes, &generator);
   if (depth == 0) {
-    s.top_keys.clear();
-    s.top_written.clear();
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      StorageKey key = 0;
-      if (observable_key(tensors[i], &key)) {
-        s.top_keys.push_back(key);
-        if (writes[i]) {
-          s.top_written.push_back(key);
-        }
-      }
-    }
+    top_level_keys(tensors, writes, &s.top_keys, &s.top_written);
   } else {
-    // Inside another operator's implementation the tensors are mostly the
-    // kernel's own (made without the dispatcher, so never seen as created):
-    // keep only writes to the storages the enclosing operator was given,
-    // which is all the pre-existing or declared state a kernel can reach
-    // (e.g. the running statistics written by the batch norm inside
-    // instance_norm), and track the generator a nested random operator
-    // draws from.
+    // Inside another operator's implementation (see keep_nested_writes):
+    // track the generator a nested random operator draws from, and the
+    // writes the enclosing operator does not declare.
     if (info.random || generator.has_value()) {
-      c10::Device device(c10::kCPU);
-      for (const at::Tensor& t : tensors) {
-        if (t.defined()) {
-          device = t.device();
-          break;
-        }
-      }
+      const c10::Device device = first_device(tensors);
       for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
         if (!it->gate->paused) {
           it->txn->observe_random(device, generator);
         }
       }
     }
-    // Its reads are the enclosing operator's reads, and a write the
-    // enclosing operator declares was recorded at its start: only writes it
-    // does not declare are left.
-    auto has = [](const std::vector<StorageKey>& v, StorageKey k) {
-      return std::find(v.begin(), v.end(), k) != v.end();
-    };
-    size_t kept = 0;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      StorageKey key = 0;
-      if (writes[i] && observable_key(tensors[i], &key) &&
-          has(s.top_keys, key) && !has(s.top_written, key)) {
-        tensors[kept] = tensors[i];
-        writes[kept] = writes[i];
-        ++kept;
-      }
-    }
+    const size_t kept =
+        keep_nested_writes(&tensors, &writes, s.top_keys, s.top_written);
     if (kept == 0) {
       return counted;
     }
-    tensors.resize(kept);
-    writes.resize(kept);
     generator.reset();
   }
   for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
@@ -354,6 +318,56 @@ bool observable_key(const at::Tensor& t, StorageKey* key) {
   }
   *key = storage_key(t);
   return true;
+}
+
+void top_level_keys(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    std::vector<StorageKey>* keys,
+    std::vector<StorageKey>* written) {
+  keys->clear();
+  written->clear();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    StorageKey key = 0;
+    if (observable_key(tensors[i], &key)) {
+      keys->push_back(key);
+      if (writes[i]) {
+        written->push_back(key);
+      }
+    }
+  }
+}
+
+size_t keep_nested_writes(
+    std::vector<at::Tensor>* tensors,
+    std::vector<bool>* writes,
+    const std::vector<StorageKey>& top_keys,
+    const std::vector<StorageKey>& top_written) {
+  auto has = [](const std::vector<StorageKey>& v, StorageKey k) {
+    return std::find(v.begin(), v.end(), k) != v.end();
+  };
+  size_t kept = 0;
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    StorageKey key = 0;
+    if ((*writes)[i] && observable_key((*tensors)[i], &key) &&
+        has(top_keys, key) && !has(top_written, key)) {
+      (*tensors)[kept] = (*tensors)[i];
+      (*writes)[kept] = (*writes)[i];
+      ++kept;
+    }
+  }
+  tensors->resize(kept);
+  writes->resize(kept);
+  return kept;
+}
+
+c10::Device first_device(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (t.defined()) {
+      return t.device();
+    }
+  }
+  return c10::Device(c10::kCPU);
 }
 
 void write_watch_acquire() {

@@ -97,6 +97,29 @@ void collect_arguments(
 // True if `t` has bytes an observer tracks (a strided tensor with a storage,
 // not a wrapped number); its storage's key in `*key`.
 bool observable_key(const at::Tensor& t, StorageKey* key);
+// The storages of a depth-0 operator's tensor arguments (`keys`) and those
+// of them it declares it writes (`written`).
+void top_level_keys(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    std::vector<StorageKey>* keys,
+    std::vector<StorageKey>* written);
+// An operator nested inside another's implementation works mostly on the
+// kernel's own tensors (made without the dispatcher, never seen as created);
+// its reads are the enclosing operator's reads, and the writes the enclosing
+// operator declares were recorded at its start. Keeps, in place, only its
+// writes to storages the enclosing operator was given (`top_keys`) that it
+// does not declare (`top_written`): all the pre-existing or declared state a
+// kernel can reach (e.g. the running statistics written by the batch norm
+// inside instance_norm). Returns how many are left.
+size_t keep_nested_writes(
+    std::vector<at::Tensor>* tensors,
+    std::vector<bool>* writes,
+    const std::vector<StorageKey>& top_keys,
+    const std::vector<StorageKey>& top_written);
+// The device of the first defined tensor (CPU if none): where an operator
+// without an explicit generator draws from.
+c10::Device first_device(const std::vector<at::Tensor>& tensors);
 
 // Registers the process-wide write watch (counted: one per live journal
 // transaction) / releases one registration.
