@@ -87,6 +87,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       // A view (or an operator that may return one, as reshape): it reads no
       // bytes, but may make a new storage (reshape copying), which must be
       // seen as made here, and its input must be known before its output.
+      top_level_keys(s.tensors, s.writes, &s.top_keys, &s.top_written);
       rec->record_view(info.display, s.tensors);
       return counted;
     }
@@ -340,13 +341,20 @@ void AuditRecorder::record_nested(
   if (ops_.empty()) {
     return;
   }
+  std::vector<int64_t> index(tensors.size(), -1);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const int64_t id = id_of(tensors[i]);
     if (id >= 0) {
+      index[i] = static_cast<int64_t>(accesses_.size());
       add_access(tensors[i], id, writes[i], true);
     }
   }
   AuditOp& op = ops_.back();
+  // The Transaction applies its overlap rule to these writes too.
+  const int64_t w = overlapping_write(tensors, writes);
+  if (w >= 0 && op.overlap < 0) {
+    op.overlap = index[w];
+  }
   if (random && !op.random) {
     op.random = true;
     op.device = c10::DeviceTypeName(device.type(), /*lower_case=*/true);
