@@ -18,19 +18,6 @@ namespace torch_replay::aten {
 
 namespace {
 
-// What the observer needs to know of an operator, computed once per schema.
-struct OpInfo {
-  bool op = true;     // an operator with a schema (not an autograd node, ...)
-  bool skip = false;  // a view, or not an operator
-  bool random = false;
-  bool differentiable = true;
-  std::vector<bool> writes;  // per schema argument
-  // Batch norm in training writes its running statistics although its schema
-  // does not say so: argument `training_arg` true => `extra` are written.
-  int training_arg = -1;
-  std::vector<int> extra;
-};
-
 OpInfo make_info(const at::RecordFunction& fn) {
   OpInfo info;
   std::optional<c10::FunctionSchema> schema = fn.operator_schema();
@@ -57,6 +44,13 @@ OpInfo make_info(const at::RecordFunction& fn) {
   }
   info.skip = view;
   info.differentiable = name != "aten::detach";
+  std::string display = name;
+  const size_t sep = display.find("::");
+  if (sep != std::string::npos) {
+    display.replace(sep, 2, ".");
+  }
+  const std::string& overload = schema->overload_name();
+  info.display = display + "." + (overload.empty() ? "default" : overload);
   if (name == "aten::native_batch_norm" || name == "aten::cudnn_batch_norm" ||
       name == "aten::miopen_batch_norm" || name == "aten::batch_norm" ||
       name == "aten::_batch_norm_impl_index" || name == "aten::instance_norm") {
@@ -106,62 +100,6 @@ const OpInfo& info_of(ThreadState& s, const at::RecordFunction& fn) {
   return it->second;
 }
 
-void add_tensors(
-    const c10::IValue& v,
-    bool write,
-    std::vector<at::Tensor>* tensors,
-    std::vector<bool>* writes) {
-  if (v.isTensor()) {
-    tensors->push_back(v.toTensor());
-    writes->push_back(write);
-  } else if (v.isTensorList()) {
-    for (const at::Tensor& t : v.toTensorList().vec()) {
-      tensors->push_back(t);
-      writes->push_back(write);
-    }
-  } else if (v.isList()) {
-    for (const c10::IValue& e : v.toListRef()) {
-      if (e.isTensor()) {
-        tensors->push_back(e.toTensor());
-        writes->push_back(write);
-      }
-    }
-  }
-}
-
-// Flattens an operator's arguments into s->tensors / s->writes (which
-// argument it writes, the undeclared batch-norm writes included), and its
-// explicit generator; with `writes_only`, only the written tensors.
-void collect_arguments(
-    const OpInfo& info,
-    c10::ArrayRef<const c10::IValue> inputs,
-    bool writes_only,
-    ThreadState* s,
-    std::optional<at::Generator>* generator) {
-  bool training = false;
-  if (info.training_arg >= 0 &&
-      static_cast<size_t>(info.training_arg) < inputs.size()) {
-    const c10::IValue& t = inputs[info.training_arg];
-    training = t.isBool() && t.toBool();
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const c10::IValue& v = inputs[i];
-    bool write = i < info.writes.size() && info.writes[i];
-    if (training) {
-      for (int e : info.extra) {
-        write |= static_cast<size_t>(e) == i;
-      }
-    }
-    if (v.isGenerator()) {
-      if (generator != nullptr) {
-        *generator = v.toGenerator();
-      }
-    } else if (write || !writes_only) {
-      add_tensors(v, write, &s->tensors, &s->writes);
-    }
-  }
-}
-
 struct CallbackGuard {
   explicit CallbackGuard(ThreadState& s) : s_(s) {
     s_.in_callback = true;
@@ -176,15 +114,6 @@ struct CallbackGuard {
 
 // Marks an operator whose start was counted in ThreadState::depth.
 struct Counted : at::ObserverContext {};
-
-bool observable_key(const at::Tensor& t, StorageKey* key) {
-  if (!t.defined() || t.layout() != at::kStrided || !t.has_storage() ||
-      t.is_meta() || t.unsafeGetTensorImpl()->is_wrapped_number()) {
-    return false;
-  }
-  *key = storage_key(t);
-  return true;
-}
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadState& s = state();
@@ -209,62 +138,27 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   std::vector<at::Tensor>& tensors = s.tensors;
   std::vector<bool>& writes = s.writes;
   std::optional<at::Generator> generator;
-  collect_arguments(info, fn.inputs(), /*writes_only=*/false, &s, &generator);
+  collect_arguments(
+      info, fn.inputs(), /*writes_only=*/false, &tensors, &writes, &generator);
   if (depth == 0) {
-    s.top_keys.clear();
-    s.top_written.clear();
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      StorageKey key = 0;
-      if (observable_key(tensors[i], &key)) {
-        s.top_keys.push_back(key);
-        if (writes[i]) {
-          s.top_written.push_back(key);
-        }
-      }
-    }
+    top_level_keys(tensors, writes, &s.top_keys, &s.top_written);
   } else {
-    // Inside another operator's implementation the tensors are mostly the
-    // kernel's own (made without the dispatcher, so never seen as created):
-    // keep only writes to the storages the enclosing operator was given,
-    // which is all the pre-existing or declared state a kernel can reach
-    // (e.g. the running statistics written by the batch norm inside
-    // instance_norm), and track the generator a nested random operator
-    // draws from.
+    // Inside another operator's implementation (see keep_nested_writes):
+    // track the generator a nested random operator draws from, and the
+    // writes the enclosing operator does not declare.
     if (info.random || generator.has_value()) {
-      c10::Device device(c10::kCPU);
-      for (const at::Tensor& t : tensors) {
-        if (t.defined()) {
-          device = t.device();
-          break;
-        }
-      }
+      const c10::Device device = first_device(tensors);
       for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
         if (!it->gate->paused) {
           it->txn->observe_random(device, generator);
         }
       }
     }
-    // Its reads are the enclosing operator's reads, and a write the
-    // enclosing operator declares was recorded at its start: only writes it
-    // does not declare are left.
-    auto has = [](const std::vector<StorageKey>& v, StorageKey k) {
-      return std::find(v.begin(), v.end(), k) != v.end();
-    };
-    size_t kept = 0;
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      StorageKey key = 0;
-      if (writes[i] && observable_key(tensors[i], &key) &&
-          has(s.top_keys, key) && !has(s.top_written, key)) {
-        tensors[kept] = tensors[i];
-        writes[kept] = writes[i];
-        ++kept;
-      }
-    }
+    const size_t kept =
+        keep_nested_writes(&tensors, &writes, s.top_keys, s.top_written);
     if (kept == 0) {
       return counted;
     }
-    tensors.resize(kept);
-    writes.resize(kept);
     generator.reset();
   }
   for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
@@ -295,7 +189,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   outputs.clear();
   unused.clear();
   for (const c10::IValue& v : fn.outputs()) {
-    add_tensors(v, false, &outputs, &unused);
+    flatten_tensors(v, false, &outputs, &unused);
   }
   for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
     if (!it->gate->paused) {
@@ -322,7 +216,13 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
     return counted;
   }
   CallbackGuard guard(s);
-  collect_arguments(info, fn.inputs(), /*writes_only=*/true, &s, nullptr);
+  collect_arguments(
+      info,
+      fn.inputs(),
+      /*writes_only=*/true,
+      &s.tensors,
+      &s.writes,
+      nullptr);
   for (const at::Tensor& t : s.tensors) {
     try {
       journal_write_outside_segments(t);
@@ -352,6 +252,123 @@ WriteWatch& write_watch() {
 }
 
 }  // namespace
+
+const OpInfo& operator_info(const at::RecordFunction& fn) {
+  return info_of(state(), fn);
+}
+
+void flatten_tensors(
+    const c10::IValue& v,
+    bool write,
+    std::vector<at::Tensor>* tensors,
+    std::vector<bool>* writes) {
+  if (v.isTensor()) {
+    tensors->push_back(v.toTensor());
+    writes->push_back(write);
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList().vec()) {
+      tensors->push_back(t);
+      writes->push_back(write);
+    }
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toListRef()) {
+      if (e.isTensor()) {
+        tensors->push_back(e.toTensor());
+        writes->push_back(write);
+      }
+    }
+  }
+}
+
+void collect_arguments(
+    const OpInfo& info,
+    c10::ArrayRef<const c10::IValue> inputs,
+    bool writes_only,
+    std::vector<at::Tensor>* tensors,
+    std::vector<bool>* writes,
+    std::optional<at::Generator>* generator) {
+  bool training = false;
+  if (info.training_arg >= 0 &&
+      static_cast<size_t>(info.training_arg) < inputs.size()) {
+    const c10::IValue& t = inputs[info.training_arg];
+    training = t.isBool() && t.toBool();
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const c10::IValue& v = inputs[i];
+    bool write = i < info.writes.size() && info.writes[i];
+    if (training) {
+      for (int e : info.extra) {
+        write |= static_cast<size_t>(e) == i;
+      }
+    }
+    if (v.isGenerator()) {
+      if (generator != nullptr) {
+        *generator = v.toGenerator();
+      }
+    } else if (write || !writes_only) {
+      flatten_tensors(v, write, tensors, writes);
+    }
+  }
+}
+
+bool observable_key(const at::Tensor& t, StorageKey* key) {
+  if (!t.defined() || t.layout() != at::kStrided || !t.has_storage() ||
+      t.is_meta() || t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    return false;
+  }
+  *key = storage_key(t);
+  return true;
+}
+
+void top_level_keys(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    std::vector<StorageKey>* keys,
+    std::vector<StorageKey>* written) {
+  keys->clear();
+  written->clear();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    StorageKey key = 0;
+    if (observable_key(tensors[i], &key)) {
+      keys->push_back(key);
+      if (writes[i]) {
+        written->push_back(key);
+      }
+    }
+  }
+}
+
+size_t keep_nested_writes(
+    std::vector<at::Tensor>* tensors,
+    std::vector<bool>* writes,
+    const std::vector<StorageKey>& top_keys,
+    const std::vector<StorageKey>& top_written) {
+  auto has = [](const std::vector<StorageKey>& v, StorageKey k) {
+    return std::find(v.begin(), v.end(), k) != v.end();
+  };
+  size_t kept = 0;
+  for (size_t i = 0; i < tensors->size(); ++i) {
+    StorageKey key = 0;
+    if ((*writes)[i] && observable_key((*tensors)[i], &key) &&
+        has(top_keys, key) && !has(top_written, key)) {
+      (*tensors)[kept] = (*tensors)[i];
+      (*writes)[kept] = (*writes)[i];
+      ++kept;
+    }
+  }
+  tensors->resize(kept);
+  writes->resize(kept);
+  return kept;
+}
+
+c10::Device first_device(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& t : tensors) {
+    if (t.defined()) {
+      return t.device();
+    }
+  }
+  return c10::Device(c10::kCPU);
+}
 
 void write_watch_acquire() {
   WriteWatch& w = write_watch();

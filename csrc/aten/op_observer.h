@@ -29,8 +29,16 @@
 //   * Built with NDEBUG like torch itself: RecordFunction::inputs() asserts in
 //     debug builds of the headers on a flag release builds of torch never set.
 
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
+
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/region_store.h"
 
 // Note [Write watch]
 // A journal-engine segment keeps the old bytes of every destructive write to
@@ -50,6 +58,68 @@
 namespace torch_replay::aten {
 
 class Transaction;
+
+// What an observer needs to know of an operator, computed once per schema
+// (Note [C++ observer]); shared with the audit (Note [Audit recorder]).
+struct OpInfo {
+  bool op = true;     // an operator with a schema (not an autograd node, ...)
+  bool skip = false;  // a view, or not an operator
+  bool random = false;
+  bool differentiable = true;
+  std::vector<bool> writes;  // per schema argument
+  // Batch norm in training writes its running statistics although its schema
+  // does not say so: argument `training_arg` true => `extra` are written.
+  int training_arg = -1;
+  std::vector<int> extra;
+  std::string display;  // "aten.copy_.default", as torch.ops names it
+};
+
+// The facts of `fn`'s operator, cached per thread and overload.
+const OpInfo& operator_info(const at::RecordFunction& fn);
+// Appends the tensors of `v` (a tensor, or a list of them) to `tensors`,
+// each with `write` in `writes`.
+void flatten_tensors(
+    const c10::IValue& v,
+    bool write,
+    std::vector<at::Tensor>* tensors,
+    std::vector<bool>* writes);
+// Flattens an operator's arguments into `tensors` / `writes` (which argument
+// it writes, the undeclared batch-norm writes included), and its explicit
+// generator (if `generator` is not null); with `writes_only`, only the
+// written tensors.
+void collect_arguments(
+    const OpInfo& info,
+    c10::ArrayRef<const c10::IValue> inputs,
+    bool writes_only,
+    std::vector<at::Tensor>* tensors,
+    std::vector<bool>* writes,
+    std::optional<at::Generator>* generator);
+// True if `t` has bytes an observer tracks (a strided tensor with a storage,
+// not a wrapped number); its storage's key in `*key`.
+bool observable_key(const at::Tensor& t, StorageKey* key);
+// The storages of a depth-0 operator's tensor arguments (`keys`) and those
+// of them it declares it writes (`written`).
+void top_level_keys(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    std::vector<StorageKey>* keys,
+    std::vector<StorageKey>* written);
+// An operator nested inside another's implementation works mostly on the
+// kernel's own tensors (made without the dispatcher, never seen as created);
+// its reads are the enclosing operator's reads, and the writes the enclosing
+// operator declares were recorded at its start. Keeps, in place, only its
+// writes to storages the enclosing operator was given (`top_keys`) that it
+// does not declare (`top_written`): all the pre-existing or declared state a
+// kernel can reach (e.g. the running statistics written by the batch norm
+// inside instance_norm). Returns how many are left.
+size_t keep_nested_writes(
+    std::vector<at::Tensor>* tensors,
+    std::vector<bool>* writes,
+    const std::vector<StorageKey>& top_keys,
+    const std::vector<StorageKey>& top_written);
+// The device of the first defined tensor (CPU if none): where an operator
+// without an explicit generator draws from.
+c10::Device first_device(const std::vector<at::Tensor>& tensors);
 
 // Registers the process-wide write watch (counted: one per live journal
 // transaction) / releases one registration.

@@ -11,13 +11,16 @@
 the current directory (or give a file: ``path/to/mymodel.py:make``). For each candidate
 segment the report lists the hidden state a checkpoint re-run can get wrong: buffers and
 parameters mutated in forward, tensors read that are not inputs (and whether something
-writes them later), generators drawn from (default and explicit), storages aliased under
+writes them later: at the bytes read, or elsewhere in their storage), generators drawn from (default and explicit), storages aliased under
 different views or dtypes, overlapping writes, integer writes on gradient paths. The
 verdict says whether ``torch.utils.checkpoint`` would be exact and, if not, what goes wrong
 (a double update of state, or a wrong gradient), the ``torch_replay.checkpoint`` call to
 write (with its ``state=[...]``), which engine ``engine="auto"`` chooses and how many
 bytes it keeps (measured by running ``torch_replay.checkpoint`` on the segment; the model's
-state is put back afterwards). Exit status: 0 when every segment is exact under
+state is put back afterwards). Operators are seen by a C++ recorder on the checkpoint
+observer's facts and judged with its exact byte footprints (Note [Audit recorder] in
+``csrc/aten/audit_recorder.h``), so the audit and ``torch_replay.checkpoint`` agree on what
+overlaps and what is written. Exit status: 0 when every segment is exact under
 ``torch.utils.checkpoint``, 1 otherwise.
 """
 
@@ -33,9 +36,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from .._ext import require_extension
-from . import observe as _observe
-from .observe import _AuditMode, _Auditor, _default_loss, _probe_engine, _verdict
+from .observe import _Auditor, _default_loss, _probe_engine, _verdict
 from .report import _OUTSIDE, _ROOT, AuditReport, SegmentAudit
 
 __all__ = ["AuditReport", "SegmentAudit", "audit", "main"]
@@ -71,12 +72,7 @@ def audit(
     overlapping copy) does not propagate: it is in ``report.error`` and the segments show
     what was observed up to it.
     """
-    previous = _observe._KEYS
-    _observe._KEYS = require_extension().StorageKeys()
-    try:
-        return _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines)
-    finally:
-        _observe._KEYS = previous
+    return _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines)
 
 
 def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> AuditReport:
@@ -121,10 +117,10 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
         target = label
     error = None
     try:
-        with _AuditMode(a):
+        with a.recording():
             out = run(*example_inputs)
             loss = (loss_fn or _default_loss)(out)
-            a.phase = "backward"
+            a.start_backward()
             loss.backward()
     except RuntimeError as exc:  # the model itself fails: report what was seen up to there
         error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
@@ -133,10 +129,11 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
             h.remove()
         while a.stack:
             a.leave()
+    a.analyse()
     report = AuditReport(target=target, segments=[], error=error)
     for name in a.order:
         seg = a.segments[name]
-        verdict = _verdict(a, seg, root)
+        verdict = _verdict(a, seg)
         if error is not None:
             verdict.needs_grad = True  # the forward did not finish: unknown, assume so
         if not verdict.needs_grad:
@@ -147,7 +144,7 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
             verdict.torch_replay_error = "OverlapError: raw overlapping write"
         report.segments.append(verdict)
     report.outside = sorted(
-        {a.name_of(k) for _, k, _, w in a.writes if w == _OUTSIDE and k in a.pre}
+        {a.name_of(k) for k, ws in a.writes.items() if k in a.pre for *_, w in ws if w == _OUTSIDE}
     )
     return report
 

@@ -1,50 +1,35 @@
-"""How the audit observes a run: operators seen by a TorchDispatchMode, storages, hazards, and
-the verdict per segment (with a probe of what ``torch_replay.checkpoint`` does)."""
+"""How the audit observes a run and judges it.
+
+Every operator is seen by the C++ audit recorder (Note [Audit recorder] in
+``csrc/aten/audit_recorder.h``): the same RecordFunction callback facts as the
+checkpoint observer (written arguments, batch-norm running statistics, random
+operators, explicit generators), storage identity held for the whole run, and exact
+strided footprints. The tables come to Python once, after the backward; the hazard
+rules below ask the recorder for footprint intersections (``RangeSet::overlaps``, the
+function the checkpoint's Transaction uses), and the raw-overlap rule is the
+Transaction's own, applied per operator in C++.
+
+What RecordFunction cannot give stays here: which candidate segment an operator
+belongs to (module forward hooks, which run between operators and mark positions in
+the recorder's operator sequence), the names of parameters, buffers, inputs and
+generators, and the start of the backward.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves
 
-from .._observe import _op_info
-from .report import _BACKWARD, _OUTSIDE, _ROOT, SegmentAudit, _cut
+from .._ext import require_extension
+from .report import _BACKWARD, _OUTSIDE, SegmentAudit, _cut
 
 # ------------------------------------------------------------------ observation
-
-
-# Storage identity for the audit in progress (torch_replay._C.StorageKeys keeps
-# every storage it named from being reused as another's key, as the checkpoint's
-# Transaction does); None outside audit().
-_KEYS = None
-
-
-def _key(t: torch.Tensor) -> int | None:
-    if t.layout != torch.strided or t.device.type == "meta":
-        return None
-    try:
-        st = t.untyped_storage()
-    except (RuntimeError, NotImplementedError):
-        return None
-    if st.nbytes() == 0:
-        return None
-    return _KEYS.key(t) if _KEYS is not None else st.data_ptr()
-
-
-def _byte_range(t: torch.Tensor) -> tuple[int, int]:
-    size = t.element_size()
-    lo = t.storage_offset() * size
-    span = sum((s - 1) * st for s, st in zip(t.shape, t.stride(), strict=True)) if t.numel() else -1
-    return lo, lo + (span + 1) * size
-
-
-def _geometry(t: torch.Tensor) -> tuple:
-    return (t.dtype, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
 
 
 @dataclass(slots=True)
@@ -53,48 +38,41 @@ class _SegState:
     kind: str
     arg_keys: set = field(default_factory=set)
     first_args: tuple | None = None
-    reads: dict = field(default_factory=dict)  # key -> (time, epoch, name) of first read
-    writes_pre: dict = field(default_factory=dict)  # key -> name
+    # [start, end) positions in the recorder's operator sequence, one per call.
+    intervals: list = field(default_factory=list)
+    grad_output: bool = False
+    # Filled by _Auditor.analyse():
+    reads: dict = field(default_factory=dict)  # storage -> [access, ...] (not made here)
+    first_read: dict = field(default_factory=dict)  # storage -> op of its first read
+    writes_pre: dict = field(default_factory=dict)  # storage -> label
+    read_acc: dict = field(default_factory=dict)  # storage -> [access, ...] (all)
+    write_acc: dict = field(default_factory=dict)
     generators: list = field(default_factory=list)
-    dtypes: dict = field(default_factory=dict)  # key -> set of dtypes
-    written_geoms: dict = field(default_factory=dict)  # key -> list of (geom, range)
-    read_geoms: dict = field(default_factory=dict)
+    dtypes: dict = field(default_factory=dict)  # storage -> set of dtypes
     overlapping: list = field(default_factory=list)
     int_writes: list = field(default_factory=list)
-    active: int = 0
-    grad_output: bool = False
-
-
-class _AuditMode(TorchDispatchMode):
-    """Records, per operator, which storages are read and written by which segment."""
-
-    def __init__(self, auditor: _Auditor) -> None:
-        super().__init__()
-        self.a = auditor
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        keys = self.a.observe(func, args, kwargs)
-        out = func(*args, **kwargs)
-        self.a.created(out, keys)
-        return out
 
 
 class _Auditor:
+    """Names what the model owns, marks segments, and analyses the recorder's tables."""
+
     def __init__(self, root: nn.Module | None, inputs: Sequence[Any]) -> None:
-        self.time = 0
-        self.phase = "forward"
-        self.stack: list[_SegState] = []
+        self.rec = require_extension().AuditRecorder()
+        self.stack: list[tuple[_SegState, int]] = []  # (segment, interval index)
         self.segments: dict[str, _SegState] = {}
         self.order: list[str] = []
+        # (depth, interval index, chain of segment names) per segment call
+        self.marks: list[tuple[int, int, tuple[str, ...]]] = []
+        self.backward_at: int | None = None
         self.names: dict[int, str] = {}
         self.tensors: dict[int, list[torch.Tensor]] = {}
         self.pre: set[int] = set()
-        self.created_in: dict[int, str] = {}  # storage key -> segment name (or outside)
-        self.writes: list[tuple[int, int, int, str]] = []  # (time, key, epoch, writer)
-        self.epoch: dict[int, int] = {}
-        self.meta: dict[int, tuple[str, str]] = {}  # first (dtype, shape) seen per storage
         self.gen_names: dict[int, str] = {}
+        self.created_in: dict[int, str] = {}
+        self.meta: dict[int, tuple[str, str]] = {}
+        # storage -> [(op, access, where)] of every write, backward included
+        self.writes: dict[int, list[tuple[int, int, str]]] = {}
+        self.access_op: list[int] = []
         if root is not None:
             for n, p in root.named_parameters():
                 self._name(p, f"{n} (parameter)")
@@ -110,188 +88,188 @@ class _Auditor:
                 self._name(x, f"input[{i}]")
 
     def _name(self, t: torch.Tensor, name: str) -> None:
-        k = _key(t)
-        if k is not None:
+        k = self.rec.storage_id(t)
+        if k >= 0:
             self.names.setdefault(k, name)
             self.tensors.setdefault(k, []).append(t)
             self.pre.add(k)
 
-    def name_of(self, k: int, t: torch.Tensor | None = None) -> str:
+    def name_of(self, k: int) -> str:
         if k in self.names:
             return self.names[k]
-        if k in self.meta:
-            dtype, shape = self.meta[k]
-            where = self.created_in.get(k)
-            origin = f"made in {where}" if where else "captured"
-            return f"{dtype}[{shape}] tensor ({origin})"
-        shape = "x".join(map(str, t.shape)) if t is not None else "?"
-        dtype = str(t.dtype).replace("torch.", "") if t is not None else "?"
+        dtype, shape = self.meta.get(k, ("?", "?"))
         where = self.created_in.get(k)
         origin = f"made in {where}" if where else "captured"
         return f"{dtype}[{shape}] tensor ({origin})"
 
-    # -- segments
+    @contextlib.contextmanager
+    def recording(self):
+        self.rec.start()
+        try:
+            yield
+        finally:
+            self.rec.stop()
+
+    def start_backward(self) -> None:
+        self.backward_at = self.rec.position()
+
+    # -- segments (module hooks, between operators; the recorder is paused meanwhile)
     def enter(self, name: str, kind: str, args: tuple) -> None:
-        seg = self.segments.get(name)
-        if seg is None:
-            seg = self.segments[name] = _SegState(name=name, kind=kind)
-            self.order.append(name)
-        if seg.first_args is None:
-            seg.first_args = tuple(
-                a.detach().clone().requires_grad_(a.requires_grad)
-                if isinstance(a, torch.Tensor) and a.is_floating_point()
-                else (a.detach().clone() if isinstance(a, torch.Tensor) else a)
-                for a in args
-            )
-        for a in tree_leaves(list(args)):
-            if isinstance(a, torch.Tensor):
-                k = _key(a)
-                if k is not None:
-                    seg.arg_keys.add(k)
-        seg.active += 1
-        self.stack.append(seg)
+        self.rec.paused = True
+        try:
+            seg = self.segments.get(name)
+            if seg is None:
+                seg = self.segments[name] = _SegState(name=name, kind=kind)
+                self.order.append(name)
+            if seg.first_args is None:
+                seg.first_args = tuple(
+                    a.detach().clone().requires_grad_(a.requires_grad)
+                    if isinstance(a, torch.Tensor) and a.is_floating_point()
+                    else (a.detach().clone() if isinstance(a, torch.Tensor) else a)
+                    for a in args
+                )
+            for a in tree_leaves(list(args)):
+                if isinstance(a, torch.Tensor):
+                    k = self.rec.storage_id(a)
+                    if k >= 0:
+                        seg.arg_keys.add(k)
+            seg.intervals.append([self.rec.position(), None])
+            chain = (*(s.name for s, _ in self.stack), name)
+            self.marks.append((len(self.stack), len(seg.intervals) - 1, chain))
+            self.stack.append((seg, len(seg.intervals) - 1))
+        finally:
+            self.rec.paused = False
 
     def leave(self, output: Any = None) -> None:
-        seg = self.stack.pop()
-        seg.active -= 1
+        seg, i = self.stack.pop()
+        seg.intervals[i][1] = self.rec.position()
         leaves = tree_leaves(output) if output is not None else []
         if any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves):
             seg.grad_output = True
 
-    def current(self) -> str:
-        if self.phase == "backward":
-            return _BACKWARD
-        return self.stack[-1].name if self.stack else _OUTSIDE
-
-    # -- operators
-    def created(self, out: Any, input_keys: set[int]) -> None:
-        where = self.current()
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                k = _key(t)
-                if k is not None and k not in self.pre and k not in input_keys:
-                    # A fresh storage (possibly at a reused address): a new epoch.
-                    # Only forward creations name a storage's origin: the backward
-                    # can reuse an address after the verdict's storage was freed.
-                    if self.phase == "forward":
-                        self.created_in[k] = where
-                        # Name it by the tensor made now, not by an earlier one
-                        # freed at the same address.
-                        self.meta[k] = (
-                            str(t.dtype).replace("torch.", ""),
-                            "x".join(map(str, t.shape)),
-                        )
-                    self.epoch[k] = self.epoch.get(k, 0) + 1
-
-    def inside(self, seg: _SegState, where: str | None) -> bool:
-        """True if an operator running in ``where`` belongs to segment ``seg``."""
-        if where is None or where in (_OUTSIDE, _BACKWARD):
+    def inside(self, seg: _SegState, op: int) -> bool:
+        """True if forward operator ``op`` ran inside (a call of) segment ``seg``."""
+        if self.backward_at is not None and op >= self.backward_at:
             return False
-        return seg.name == _ROOT or where == seg.name or where.startswith(seg.name + ".")
+        return any(s <= op < e for s, e in seg.intervals)
 
-    def observe(self, func, args, kwargs) -> set[int]:
-        self.time += 1
-        info = _op_info(func)
-        where = self.current()
-        tensors: list[tuple[torch.Tensor, bool]] = []
-        generator = None
-        bn_training = func in _BATCH_NORM and len(args) > 5 and bool(args[5])
-        for i, name in enumerate(info.names):
-            v = args[i] if i < len(args) else kwargs.get(name)
-            w = info.writes[i] and not func.is_view
-            if isinstance(v, torch.Tensor):
-                tensors.append((v, w or (bn_training and i in (3, 4))))
-            elif isinstance(v, (list, tuple)):
-                tensors += [(t, w) for t in v if isinstance(t, torch.Tensor)]
-            elif isinstance(v, torch.Generator):
-                generator = v
-        keys = {k for k in (_key(t) for t, _ in tensors) if k is not None}
-        # Every segment on the stack sees the operator (a parent contains its children).
-        segs = self.stack if self.phase == "forward" else []
-        for t, w in tensors:
-            k = _key(t)
-            if k is None:
-                continue
-            ep = self.epoch.get(k, 0)
-            if k not in self.meta:
-                self.meta[k] = (str(t.dtype).replace("torch.", ""), "x".join(map(str, t.shape)))
+    # -- analysis, once, on the recorder's tables
+    def analyse(self) -> None:
+        rec = self.rec
+        end = rec.position()
+        bwd = self.backward_at if self.backward_at is not None else end
+        for seg in self.segments.values():
+            for iv in seg.intervals:
+                if iv[1] is None:  # the model raised inside it
+                    iv[1] = min(end, bwd)
+        # The chain of segments each forward operator runs in, innermost last:
+        # painted outermost first (the intervals of nested calls nest).
+        chains: list[tuple[str, ...]] = [()] * end
+        for _, i, chain in sorted(self.marks, key=lambda m: m[0]):
+            s, e = self.segments[chain[-1]].intervals[i]
+            chains[s:e] = [chain] * (e - s)
+        segs = self.segments
+
+        def where(op: int) -> str:
+            if op >= bwd:
+                return _BACKWARD
+            c = chains[op]
+            return c[-1] if c else _OUTSIDE
+
+        dtype_of = rec.dtype_of
+        for k, (created, dtype, shape) in enumerate(rec.storages()):
+            self.meta[k] = (str(dtype).replace("torch.", ""), "x".join(map(str, shape)))
+            if 0 <= created < bwd:
+                self.created_in[k] = where(created)
+        created_op = {k: c for k, (c, _, _) in enumerate(rec.storages())}
+        op_names = rec.op_names()
+        ops = rec.ops()
+        dtypes: dict[int, torch.dtype] = {}
+        by_op: dict[int, list] = {}
+        for i, (op, k, w, _nested, rg, fl, dt, _view) in enumerate(rec.accesses().tolist()):
+            self.access_op.append(op)
+            by_op.setdefault(op, []).append((i, k, w, rg, fl))
             if w:
-                self.writes.append((self.time, k, ep, where))
-            for seg in segs:
-                seg.dtypes.setdefault(k, set()).add(t.dtype)
-                if func.is_view:
-                    continue
-                geoms = seg.written_geoms if w else seg.read_geoms
-                geoms.setdefault(k, []).append((_geometry(t), _byte_range(t)))
-                if self.inside(seg, self.created_in.get(k)):
+                self.writes.setdefault(k, []).append((op, i, where(op)))
+            if op >= bwd:
+                continue
+            d = dtypes.get(dt)
+            if d is None:
+                d = dtypes[dt] = dtype_of(dt)
+            for name in chains[op]:
+                seg = segs[name]
+                seg.dtypes.setdefault(k, set()).add(d)
+                (seg.write_acc if w else seg.read_acc).setdefault(k, []).append(i)
+                if self.inside(seg, created_op.get(k, -1)):
                     continue  # made by this segment: an activation, not state
                 if w:
-                    label = self.name_of(k, t)
+                    label = self.name_of(k)
                     if k in seg.arg_keys and not label.startswith("input["):
                         label += " (segment input)"
                     seg.writes_pre.setdefault(k, label)
                 elif k not in seg.arg_keys:
-                    seg.reads.setdefault(k, (self.time, ep, self.name_of(k, t)))
-        if segs and info.random:
-            g = "default " + (tensors[0][0].device.type if tensors else "cpu")
-            if generator is not None:
-                g = self.gen_names.get(
-                    generator._cdata, f"explicit generator {generator._cdata:#x}"
+                    seg.reads.setdefault(k, []).append(i)
+                    seg.first_read.setdefault(k, op)
+        for op, (name_i, random, generator, device, overlap) in enumerate(ops[:bwd]):
+            chain = chains[op]
+            if not chain:
+                continue
+            func = op_names[name_i]
+            if random:
+                g = (
+                    self.gen_names.get(generator, f"explicit generator {generator:#x}")
+                    if generator
+                    else f"default {device}"
                 )
-            for seg in segs:
-                if g not in seg.generators:
-                    seg.generators.append(g)
-        # Overlap and integer writes, per operator.
-        written = [t for t, w in tensors if w]
-        read = [t for t, w in tensors if not w]
-        for wt in written:
-            kw = _key(wt)
-            wr = _byte_range(wt)
-            for rt in read:
-                if _key(rt) != kw or _geometry(rt) == _geometry(wt):
-                    continue
-                rr = _byte_range(rt)
-                if rr[0] < wr[1] and wr[0] < rr[1]:
-                    for seg in segs:
-                        seg.overlapping.append(f"{func} on {self.name_of(kw, wt)}")
-            if not wt.is_floating_point() and not wt.is_complex():
-                if any(r.requires_grad and r.is_floating_point() for r in read):
-                    for seg in segs:
-                        seg.int_writes.append(f"{func} into {self.name_of(kw, wt)}")
-        return keys
-
-
-_aten = torch.ops.aten
-_BATCH_NORM = {_aten.native_batch_norm.default}
-for _n in ("cudnn_batch_norm", "miopen_batch_norm", "_native_batch_norm_legit"):
-    if hasattr(_aten, _n):
-        _BATCH_NORM.add(getattr(_aten, _n).default)
+                for name in chain:
+                    if g not in segs[name].generators:
+                        segs[name].generators.append(g)
+            acc = by_op.get(op, [])
+            if overlap >= 0:
+                k = next(k for i, k, *_ in acc if i == overlap)
+                for name in chain:
+                    segs[name].overlapping.append(f"{func} on {self.name_of(k)}")
+            grad_read = any(rg and fl and not w for _, _, w, rg, fl in acc)
+            if grad_read:
+                for _, k, w, _, fl in acc:
+                    if w and not fl:
+                        for name in chain:
+                            segs[name].int_writes.append(f"{func} into {self.name_of(k)}")
 
 
 # ------------------------------------------------------------------- verdicts
 
 
-def _verdict(a: _Auditor, seg: _SegState, root: nn.Module | None) -> SegmentAudit:
+def _verdict(a: _Auditor, seg: _SegState) -> SegmentAudit:
     out = SegmentAudit(name=seg.name, kind=seg.kind, needs_grad=seg.grad_output)
     out.mutated_in_forward = sorted(set(seg.writes_pre.values()))
-    out.non_input_reads = sorted({n for _, _, n in seg.reads.values()})
+    out.non_input_reads = sorted({a.name_of(k) for k in seg.reads})
+    # A read is at risk if something outside the segment writes the storage after it.
+    # The bytes decide torch.utils.checkpoint's re-run (exact footprints intersected);
+    # any write decides torch_replay.checkpoint's version check (detect="reads").
     later: dict[int, str] = {}
-    for k, (t0, ep, n) in seg.reads.items():
-        for t, key, wep, writer in a.writes:
-            if key == k and wep == ep and t > t0 and not a.inside(seg, writer):
-                later[k] = f"{n} (by {writer})"
+    elsewhere: dict[int, str] = {}
+    for k, reads in seg.reads.items():
+        t0 = seg.first_read[k]
+        for op, i, writer in a.writes.get(k, ()):
+            if op <= t0 or a.inside(seg, op):
+                continue
+            before = [r for r in reads if a.access_op[r] < op]
+            if a.rec.overlap(before, [i]):
+                later[k] = f"{a.name_of(k)} (by {writer})"
+                elsewhere.pop(k, None)
                 break
+            elsewhere.setdefault(k, f"{a.name_of(k)} (by {writer})")
     out.mutated_after_read = sorted(later.values())
+    out.written_elsewhere_after_read = sorted(elsewhere.values())
     out.generators = list(seg.generators)
     for k, dts in seg.dtypes.items():
         if len(dts) > 1:
             names = ", ".join(sorted(str(d).replace("torch.", "") for d in dts))
             out.typed_aliases.append(f"{a.name_of(k)} as {names}")
-    for k, wg in seg.written_geoms.items():
-        for g, r in seg.read_geoms.get(k, []):
-            if any(g != g2 and r[0] < r2[1] and r2[0] < r[1] for g2, r2 in wg):
-                out.view_aliases.append(a.name_of(k))
-                break
+    for k, writes in seg.write_acc.items():
+        if a.rec.overlap(seg.read_acc.get(k, []), writes, True):
+            out.view_aliases.append(a.name_of(k))
     out.overlapping_writes = sorted(set(seg.overlapping))
     out.integer_writes_on_grad_path = sorted(set(seg.int_writes))
 
@@ -315,15 +293,18 @@ def _verdict(a: _Auditor, seg: _SegState, root: nn.Module | None) -> SegmentAudi
             f"the re-run draws other random numbers from {_cut(explicit, 3)}"
         )
     if out.overlapping_writes:
-        reasons.append("raw overlapping writes (rejected by torch and torch_replay)")
+        reasons.append(
+            "raw overlapping writes (rejected by torch_replay, and by torch if it can tell)"
+        )
     if out.integer_writes_on_grad_path:
         reasons.append("a float gradient through an integer write (unsupported)")
     out.reasons = reasons
     out.torch_checkpoint_exact = not reasons
 
-    # What to declare: state it writes, state written after it read it, and generators.
+    # What to declare: state it writes, state written after it read it (at the bytes it
+    # read, or elsewhere: torch_replay's version check refuses both), and generators.
     declared = []
-    for k in [*seg.writes_pre, *later]:
+    for k in [*seg.writes_pre, *later, *elsewhere]:
         n = a.name_of(k)
         if k in seg.arg_keys or n.startswith("input["):
             continue  # inputs written in place are preserved automatically

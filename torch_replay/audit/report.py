@@ -25,7 +25,13 @@ class SegmentAudit:
     non_input_reads: list[str] = field(default_factory=list)
     """Tensors it reads that are not its inputs (parameters, buffers, captured tensors)."""
     mutated_after_read: list[str] = field(default_factory=list)
-    """Of those reads, the ones something else writes after this segment read them."""
+    """Of those reads, the ones something else writes after this segment read them, at
+    bytes it read (exact strided footprints): torch.utils.checkpoint's re-run reads the new
+    values."""
+    written_elsewhere_after_read: list[str] = field(default_factory=list)
+    """Of those reads, the ones something else writes afterwards only at bytes it did not
+    read: torch.utils.checkpoint stays exact, but torch_replay.checkpoint's version check
+    (``tr.config.detect = "reads"``) refuses them unless they are declared."""
     generators: list[str] = field(default_factory=list)
     """Generators it draws from (``default cpu`` or an explicit generator's name)."""
     typed_aliases: list[str] = field(default_factory=list)
@@ -154,6 +160,7 @@ class AuditReport:
                 ("mutated in forward", s.mutated_in_forward),
                 ("reads (not inputs)", s.non_input_reads),
                 ("written after read", s.mutated_after_read),
+                ("written elsewhere later", s.written_elsewhere_after_read),
                 ("generators", s.generators),
                 ("typed aliases", s.typed_aliases),
                 ("view aliases", s.view_aliases),
