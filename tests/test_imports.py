@@ -19,11 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Cycles that live in files another change owns, each with what removes it. Listed
 # cycles are tolerated, not required: delete an entry once its cycle is gone.
-KNOWN_CYCLES = {
-    # audit's probe imports the whole package (`import torch_replay as tr`) to call
-    # tr.checkpoint; `from ..checkpoint import checkpoint` (and `..errors`) removes it.
-    frozenset({"torch_replay", "torch_replay.audit", "torch_replay.audit.observe"}),
-}
+KNOWN_CYCLES: set[frozenset] = set()
 
 
 def _modules(package: Path) -> dict[str, tuple[Path, bool]]:

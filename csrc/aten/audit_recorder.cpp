@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "aten/op_observer.h"
+#include "aten/tensor_bytes.h"
 #include "aten/transaction.h"
 #include "core/status.h"
 
@@ -15,16 +16,7 @@ namespace torch_replay::aten {
 
 namespace {
 
-// As the Transaction (transaction.cpp): past this many runs a footprint is
-// kept as its bounding range.
-constexpr int64_t kMaxRuns = 1 << 16;
-
 std::atomic<AuditRecorder*> g_active{nullptr};
-
-bool same_view(const at::Tensor& a, const at::Tensor& b) {
-  return a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
-         a.strides() == b.strides() && a.dtype() == b.dtype();
-}
 
 // Per-thread state of the recorder's callbacks (as the observer's
 // ThreadState, Note [C++ observer]).
@@ -145,10 +137,7 @@ bool is_float(const at::Tensor& t) {
 }  // namespace
 
 RangeSet tensor_footprint(const at::Tensor& t, bool* exact) {
-  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-  std::vector<int64_t> strides(t.strides().begin(), t.strides().end());
-  return strided_footprint(
-      t.storage_offset(), sizes, strides, t.element_size(), kMaxRuns, exact);
+  return detail::footprint_of(t, exact);
 }
 
 int64_t overlapping_write(
@@ -161,25 +150,9 @@ int64_t overlapping_write(
     }
   }
   for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!writes[i] || keys[i] == 0) {
-      continue;
-    }
-    bool exact_w = true;
-    RangeSet fw;
-    bool have_fw = false;
-    for (size_t j = 0; j < tensors.size(); ++j) {
-      if (j == i || keys[j] != keys[i] || same_view(tensors[i], tensors[j])) {
-        continue;
-      }
-      if (!have_fw) {
-        fw = tensor_footprint(tensors[i], &exact_w);
-        have_fw = true;
-      }
-      bool exact_r = true;
-      RangeSet fr = tensor_footprint(tensors[j], &exact_r);
-      if (exact_w && exact_r && fw.overlaps(fr)) {
-        return static_cast<int64_t>(i);
-      }
+    if (writes[i] && keys[i] != 0 &&
+        detail::overlaps_other_view(tensors, keys, i)) {
+      return static_cast<int64_t>(i);
     }
   }
   return -1;

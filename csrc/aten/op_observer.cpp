@@ -84,11 +84,47 @@ struct ThreadState {
   // Buffers reused by every callback (callbacks never nest: in_callback).
   std::vector<at::Tensor> tensors;
   std::vector<bool> writes;
+  // One entry per operator whose start this thread's observer (resp. the
+  // write watch) saw and whose end it has not seen yet: its facts if it was
+  // counted in `depth` (resp. `watch_depth`), nullptr if not. RecordFunction
+  // calls a callback's end exactly for the starts it called, on the same
+  // thread, innermost first, so the ends pop what the starts pushed (no
+  // ObserverContext allocated per operator, no second lookup of the facts).
+  std::vector<const OpInfo*> frames;
+  std::vector<const OpInfo*> watch_frames;
 };
 
+// The thread's state. The pointer is initial-exec TLS (a plain load, not a
+// __tls_get_addr call per operator); the owner, made once per thread, frees
+// the state when the thread exits.
 ThreadState& state() {
-  thread_local ThreadState s;
-  return s;
+  static thread_local ThreadState* fast
+      __attribute__((tls_model("initial-exec"))) = nullptr;
+  if (fast == nullptr) {
+    thread_local std::unique_ptr<ThreadState> owner =
+        std::make_unique<ThreadState>();
+    fast = owner.get();
+  }
+  return *fast;
+}
+
+// Pushes `entry` on `frames` for the end callback to pop; pushing never
+// throws (RecordFunction swallows a callback's exception, but the stack
+// would no longer match the ends): reserved ahead.
+void push_frame(std::vector<const OpInfo*>& frames, const OpInfo* entry) {
+  if (frames.size() == frames.capacity()) {
+    frames.reserve(std::max<size_t>(64, 2 * frames.capacity()));
+  }
+  frames.push_back(entry);
+}
+
+const OpInfo* pop_frame(std::vector<const OpInfo*>& frames) {
+  if (frames.empty()) {
+    return nullptr;  // (an end whose start ran before the state existed)
+  }
+  const OpInfo* entry = frames.back();
+  frames.pop_back();
+  return entry;
 }
 
 const OpInfo& info_of(ThreadState& s, const at::RecordFunction& fn) {
@@ -112,28 +148,26 @@ struct CallbackGuard {
   ThreadState& s_;
 };
 
-// Marks an operator whose start was counted in ThreadState::depth.
-struct Counted : at::ObserverContext {};
-
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadState& s = state();
-  if (s.in_callback || s.stack.empty()) {
-    return nullptr;
-  }
-  CallbackGuard guard(s);
-  // The callback also sees other ranges (autograd nodes, user ranges): only
-  // dispatcher operators count.
-  if (fn.scope() != at::RecordScope::FUNCTION) {
+  // Every start pushes a frame for on_end to pop, first of all (nullptr: not
+  // counted, so far).
+  push_frame(s.frames, nullptr);
+  // (The callback also sees other ranges, autograd nodes and user ranges:
+  // only dispatcher operators count.)
+  if (s.in_callback || s.stack.empty() ||
+      fn.scope() != at::RecordScope::FUNCTION) {
     return nullptr;
   }
   const OpInfo& info = info_of(s, fn);
   if (!info.op) {
     return nullptr;
   }
+  s.frames.back() = &info;
+  CallbackGuard guard(s);
   const int depth = s.depth++;
-  auto counted = std::make_unique<Counted>();
   if (info.skip) {
-    return counted;
+    return nullptr;
   }
   std::vector<at::Tensor>& tensors = s.tensors;
   std::vector<bool>& writes = s.writes;
@@ -157,7 +191,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     const size_t kept =
         keep_nested_writes(&tensors, &writes, s.top_keys, s.top_written);
     if (kept == 0) {
-      return counted;
+      return nullptr;
     }
     generator.reset();
   }
@@ -167,12 +201,13 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
           tensors, writes, depth == 0 && info.random, generator, depth > 0);
     }
   }
-  return counted;
+  return nullptr;
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
+void on_end(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
   ThreadState& s = state();
-  if (ctx == nullptr) {
+  const OpInfo* counted = pop_frame(s.frames);
+  if (counted == nullptr) {
     return;  // not counted at its start
   }
   const int depth = --s.depth;
@@ -180,7 +215,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
     return;  // outputs of nested operators are the enclosing operator's
   }
   CallbackGuard guard(s);
-  const OpInfo& info = info_of(s, fn);
+  const OpInfo& info = *counted;
   if (info.skip) {
     return;
   }
@@ -201,6 +236,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
 std::unique_ptr<at::ObserverContext> on_watch_start(
     const at::RecordFunction& fn) {
   ThreadState& s = state();
+  push_frame(s.watch_frames, nullptr);  // first of all, as in on_start
   // Inside a segment its transactions journal what it writes.
   if (s.in_callback || !s.stack.empty() ||
       fn.scope() != at::RecordScope::FUNCTION) {
@@ -210,10 +246,10 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
   if (!info.op) {
     return nullptr;
   }
+  s.watch_frames.back() = &info;
   const int depth = s.watch_depth++;
-  auto counted = std::make_unique<Counted>();
   if (depth > 0 || info.skip) {
-    return counted;
+    return nullptr;
   }
   CallbackGuard guard(s);
   collect_arguments(
@@ -231,12 +267,13 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
       // write that could not be journaled.
     }
   }
-  return counted;
+  return nullptr;
 }
 
-void on_watch_end(const at::RecordFunction& /*fn*/, at::ObserverContext* ctx) {
-  if (ctx != nullptr) {
-    --state().watch_depth;
+void on_watch_end(const at::RecordFunction& /*fn*/, at::ObserverContext*) {
+  ThreadState& s = state();
+  if (pop_frame(s.watch_frames) != nullptr) {
+    --s.watch_depth;
   }
 }
 

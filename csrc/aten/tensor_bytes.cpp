@@ -78,4 +78,29 @@ void set_version_of(c10::TensorImpl* impl, int64_t version) {
   }
 }
 
+bool overlaps_other_view(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<StorageKey>& keys,
+    size_t i) {
+  const at::Tensor& w = tensors[i];
+  bool exact_w = true;
+  RangeSet fw;
+  bool have_fw = false;
+  for (size_t j = 0; j < tensors.size(); ++j) {
+    if (j == i || keys[j] != keys[i] || same_view(w, tensors[j])) {
+      continue;
+    }
+    if (!have_fw) {
+      fw = footprint_of(w, &exact_w);
+      have_fw = true;
+    }
+    bool exact_r = true;
+    const RangeSet fr = footprint_of(tensors[j], &exact_r);
+    if (exact_w && exact_r && fw.overlaps(fr)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace torch_replay::aten::detail

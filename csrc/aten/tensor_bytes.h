@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "core/byte_ranges.h"
 #include "core/region_store.h"
@@ -44,6 +45,16 @@ bool observable(const at::Tensor& t);
 RangeSet footprint_of(const at::Tensor& t, bool* exact = nullptr);
 bool same_view(const at::Tensor& a, const at::Tensor& b);
 std::string describe(const at::Tensor& t);
+
+// The overlap rule for one operator (Note [Replay protocol]): whether the
+// written argument `i` has an exact footprint that overlaps another argument
+// of the same storage seen through a different view (`keys[j]` is argument
+// j's storage key, 0 if it is not state). Used by the Transaction, which
+// refuses such an operator, and by the audit, which reports it.
+bool overlaps_other_view(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<StorageKey>& keys,
+    size_t i);
 
 int64_t counter_version(const c10::VariableVersion& counter);
 int64_t version_of(c10::TensorImpl* impl);

@@ -287,29 +287,15 @@ void Transaction::before_op(
               "value before the write, or keep that tensor floating point.",
           keys[i]);
     }
-    bool exact_w = true;
-    RangeSet fw;
-    bool have_fw = false;
-    for (size_t j = 0; j < tensors.size(); ++j) {
-      if (j == i || keys[j] != keys[i] || same_view(w, tensors[j])) {
-        continue;
-      }
-      if (!have_fw) {
-        fw = footprint_of(w, &exact_w);
-        have_fw = true;
-      }
-      bool exact_r = true;
-      RangeSet fr = footprint_of(tensors[j], &exact_r);
-      if (exact_w && exact_r && fw.overlaps(fr)) {
-        fail(
-            static_cast<int>(ErrorKind::kOverlap),
-            "an operation writes " + describe(w) +
-                " while reading an overlapping but different view of the same "
-                "memory: the result would depend on the order of element "
-                "updates. Clone the source first (e.g. x[1:].copy_(x[:-1]."
-                "clone())).",
-            keys[i]);
-      }
+    if (overlaps_other_view(tensors, keys, i)) {
+      fail(
+          static_cast<int>(ErrorKind::kOverlap),
+          "an operation writes " + describe(w) +
+              " while reading an overlapping but different view of the same "
+              "memory: the result would depend on the order of element "
+              "updates. Clone the source first (e.g. x[1:].copy_(x[:-1]."
+              "clone())).",
+          keys[i]);
     }
   }
 }

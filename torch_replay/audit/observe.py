@@ -337,8 +337,8 @@ def _probe_engine(
 ) -> None:
     """Run torch_replay.checkpoint on the segment with the recommended state and read the
     engine auto chose and its retained bytes; every tensor and generator is put back."""
-    import torch_replay as tr
-    from torch_replay.errors import ReplayError
+    from ..checkpoint import checkpoint, last_transaction
+    from ..errors import ReplayError
 
     saved = {k: [t.detach().clone() for t in ts] for k, ts in a.tensors.items()}
     grads = {k: [t.grad for t in ts] for k, ts in a.tensors.items()}
@@ -351,10 +351,10 @@ def _probe_engine(
     state = _resolve_state([s for s in out.state if not s.startswith("torch.default")], root, a)
     try:
         with torch.enable_grad():
-            y = tr.checkpoint(
+            y = checkpoint(
                 fn, *seg.first_args, state=state or None, engine="auto", use_reentrant=False
             )
-            txn = tr.last_transaction()
+            txn = last_transaction()
             if txn is None:  # nothing saved for backward: the transaction is gone
                 out.auto_engine, out.retained_bytes = "none (nothing saved)", 0
             else:

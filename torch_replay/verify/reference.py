@@ -231,12 +231,12 @@ def suite_complex_step(seed: int, programs: int, quiet: bool = False) -> SuiteRe
     """Complex-step derivatives (h = 1e-30) against reverse accumulation (design.md §2.4).
 
     Args:
-        seed: first program seed.
-        programs: number of programs.
-        quiet: no progress bar.
+        seed: the seed of the first program, as for :func:`suite_numeric`.
+        programs: how many programs to check.
+        quiet: whether to hide the progress bar.
 
     Returns:
-        The suite's result.
+        The suite's measured figures and targets.
     """
     C = require_extension()
     n, worst = _per_program(
