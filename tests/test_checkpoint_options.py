@@ -8,6 +8,7 @@ import functools
 import pytest
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
@@ -161,4 +162,32 @@ def test_cpp_observer_state_is_bounded_and_scoped():
         return C.observer_known_operators()
 
     assert run(5) == run(200)
+    assert C.observer_depth() == 0 and C.observer_nesting() == 0
+
+
+def test_observer_nesting_survives_an_operator_that_raises():
+    """Note [C++ observer]: the start and end callbacks pair through a per-thread frame
+    stack; an operator that raises inside a nested operator (caught by the segment) must
+    leave the nesting balanced, or the segment's later top-level writes would be taken for
+    a kernel's internals and not protected. Reference: eager updates the buffer once."""
+    from torch_replay._ext import require_extension
+
+    C = require_extension()
+    buf = torch.zeros(3)
+    w_bad = torch.randn(5, 7)
+    x = torch.randn(2, 3, requires_grad=True)
+
+    def seg(a):
+        for _ in range(3):
+            try:
+                F.linear(a, w_bad)  # raises inside linear's implementation
+            except RuntimeError:
+                pass
+        buf.add_(1.0)  # an undeclared write, after the failed operators
+        return a.sin() * buf
+
+    y = tr.checkpoint(seg, x, use_reentrant=False)
+    y.sum().backward()
+    assert torch.equal(buf, torch.ones(3))  # eager's: one update, not two
+    assert torch.allclose(x.grad, x.detach().cos() * 1.0)
     assert C.observer_depth() == 0 and C.observer_nesting() == 0
