@@ -21,28 +21,10 @@ import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from benchmarks.moco.model import BasicBlock  # noqa: E402
 from torch_replay.audit import audit  # noqa: E402
-
-
-class _Block(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.down = (
-            nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-            if stride != 1 or cin != cout
-            else None
-        )
-
-    def forward(self, x):
-        out = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
-        return F.relu(out + (x if self.down is None else self.down(x)))
 
 
 def _resnet(width: int = 8) -> nn.Module:
@@ -54,7 +36,7 @@ def _resnet(width: int = 8) -> nn.Module:
     ]
     cin = width
     for i, c in enumerate([width, 2 * width, 4 * width, 8 * width]):
-        layers.append(nn.Sequential(_Block(cin, c, 1 if i == 0 else 2), _Block(c, c, 1)))
+        layers.append(nn.Sequential(BasicBlock(cin, c, 1 if i == 0 else 2), BasicBlock(c, c, 1)))
         cin = c
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, 10)]
     return nn.Sequential(*layers).train()

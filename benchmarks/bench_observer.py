@@ -52,13 +52,7 @@ def _time(fn) -> float:
 
 
 def _interleaved(steps: dict, reps: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for rep in range(reps + 1):
-        for name, step in steps.items():
-            t = _time(step)
-            if rep:  # the first round warms up
-                times[name].append(t)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return _paired(steps, reps, base=next(iter(steps)))[0]
 
 
 def _paired(steps: dict, reps: int, base: str = "torch") -> tuple[dict, dict]:

@@ -17,6 +17,7 @@ import torch.nn as nn
 import torch_replay as tr
 
 from .conftest import DEVICES
+from .reference import ShiftBlock
 
 ENGINES = ["auto", "snapshot", "readset", "journal"]
 
@@ -42,16 +43,6 @@ def assert_bitwise(a, b):
 
 def grads(*ts):
     return [t.grad.clone() for t in ts]
-
-
-class ShiftBlock(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-        self.register_buffer("shift", torch.randn(8))
-
-    def forward(self, x):
-        return torch.tanh(self.lin(x) + self.shift)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -178,11 +178,7 @@ void AuditRecorder::start() {
   RecorderThread& s = thread_state();
   s.depth = 0;
   if (!s.handle.has_value()) {
-    s.handle = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(on_start, on_end)
-            .needsInputs(true)
-            .needsOutputs(true)
-            .scopes({at::RecordScope::FUNCTION}));
+    s.handle = add_operator_callback(on_start, on_end);
   }
 }
 

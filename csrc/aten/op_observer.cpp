@@ -431,12 +431,18 @@ void observer_push(Transaction* txn, std::shared_ptr<ObserverGate> gate) {
   ThreadState& s = state();
   s.stack.push_back({txn, std::move(gate)});
   if (!s.handle.has_value()) {
-    s.handle = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(on_start, on_end)
-            .needsInputs(true)
-            .needsOutputs(true)
-            .scopes({at::RecordScope::FUNCTION}));
+    s.handle = add_operator_callback(on_start, on_end);
   }
+}
+
+at::CallbackHandle add_operator_callback(
+    at::RecordFunctionCallback::StartCallback start,
+    at::RecordFunctionCallback::EndCallback end) {
+  return at::addThreadLocalCallback(
+      at::RecordFunctionCallback(start, end)
+          .needsInputs(true)
+          .needsOutputs(true)
+          .scopes({at::RecordScope::FUNCTION}));
 }
 
 void observer_pop(Transaction* txn) {

@@ -83,6 +83,13 @@ void flatten_tensors(
     bool write,
     std::vector<at::Tensor>* tensors,
     std::vector<bool>* writes);
+// Registers `start` / `end` on the current thread for every dispatcher
+// operator (RecordScope::FUNCTION), with its inputs and outputs: what the
+// checkpoint observer and the audit recorder both need.
+at::CallbackHandle add_operator_callback(
+    at::RecordFunctionCallback::StartCallback start,
+    at::RecordFunctionCallback::EndCallback end);
+
 // Flattens an operator's arguments into `tensors` / `writes` (which argument
 // it writes, the undeclared batch-norm writes included), and its explicit
 // generator (if `generator` is not null); with `writes_only`, only the
