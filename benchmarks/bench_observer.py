@@ -58,10 +58,12 @@ def _interleaved(steps: dict, reps: int) -> dict[str, float]:
 def _paired(steps: dict, reps: int, base: str = "torch") -> tuple[dict, dict]:
     """Medians of interleaved repetitions, and the median over repetitions of each
     method's time over the base method's time in the same round (robust to load that
-    drifts between rounds, which a ratio of medians is not)."""
+    drifts between rounds, which a ratio of medians is not). Odd rounds run the methods
+    in reverse order, so that none always runs after the same neighbour."""
     times: dict[str, list[float]] = {k: [] for k in steps}
     for rep in range(reps + 1):
-        for name, step in steps.items():
+        order = list(steps.items())
+        for name, step in order if rep % 2 == 0 else order[::-1]:
             t = _time(step)
             if rep:  # the first round warms up
                 times[name].append(t)
@@ -363,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--reps", type=int, default=9, help="measured repetitions per method")
+    p.add_argument(
+        "--gpt-reps",
+        type=int,
+        default=31,
+        help="repetitions of the GPT model (its ratios are"
+        " within about 1%%, so it needs more rounds than the others)",
+    )
     p.add_argument("--quick", action="store_true", help="a smoke run: fewer ops and reps")
     p.add_argument("--out", default=None, help="write the Markdown table here")
     a = p.parse_args(argv)
@@ -370,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     per_op = bench_per_op(50 if a.quick else 500, reps)
     small = bench_small_ops(8 if a.quick else 64, reps)
     per_segment = bench_per_segment(8 if a.quick else 64, reps)
-    gpt = bench_gpt(reps, layers=2 if a.quick else 6)
+    gpt = bench_gpt(reps if a.quick else a.gpt_reps, layers=2 if a.quick else 6)
     kept = bench_kept(width=256 if a.quick else 2048)
     md = markdown(per_op, small, per_segment, gpt, kept, sys.argv[1:] if argv is None else argv)
     print(md)
