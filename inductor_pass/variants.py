@@ -103,7 +103,7 @@ def choose(
     if not eligible:
         return default, "no variant program is lower"
     best = min(eligible, key=lambda c: c.peak)  # type: ignore[arg-type,return-value]
-    copies = guard.copy_real_inputs(inputs)
+    copies = guard.input_views(inputs)  # every measurement copies them
     _, out_ref, in_ref = guard.measure_cpu(default.original, copies, owned=owned)
     p_def, _, _ = guard.measure_cpu(default.chosen, copies, owned=owned)
     p_best, out_best, in_best = guard.measure_cpu(best.chosen, copies, owned=owned)
