@@ -122,17 +122,23 @@ def _effect_scopes(
     instead of every live byte per unit (ViT-B/16 inference: 112 s of hashing of
     the weights at every one of its units, issue 12).
     """
-    out: dict[int, frozenset[str] | None] = {}
-    for st in wrapper.region:
-        if st.kind is not StmtKind.UNIT:
-            continue
-        try:
-            _, barrier = declared_effects(st, wrapper, resolve)
-        except Exception:
-            barrier = True
-        unknown = barrier and not _has_schema(st, resolve)
-        out[st.index] = None if unknown else frozenset([*st.uses, *st.defines])
-    return out
+    return {
+        st.index: None
+        if _unknown_effects(st, wrapper, resolve)
+        else frozenset([*st.uses, *st.defines])
+        for st in wrapper.region
+        if st.kind is StmtKind.UNIT
+    }
+
+
+def _unknown_effects(st: Any, wrapper: Wrapper, resolve: Callable[[str], object] | None) -> bool:
+    """Whether a unit's callee is a barrier without a schema (its effects are unknown)."""
+    try:
+        if not declared_effects(st, wrapper, resolve)[1]:
+            return False
+    except Exception:
+        return True
+    return not _has_schema(st, resolve)
 
 
 def _has_schema(st: Any, resolve: Callable[[str], object] | None) -> bool:
