@@ -179,6 +179,9 @@ class FirstCallPass:
         stored = decision_cache.load_variants(key)
         for name, _ in variants.flipped_options(config.variants):
             src = stored.get(name)
+            if src == source:  # the default program itself (Note [Skipped variants])
+                self.variants.append((name, src, None, None, None))
+                continue
             loaded = decision_cache.load_program(src) if src is not None else None
             if loaded is None:
                 self.variant_notes.append(f"variant {name} unavailable (not in the pass's cache)")

@@ -8,8 +8,10 @@ but their order and Inductor's buffer reuse differ, and on MLP-Mixer- and
 ViT-style inference graphs the program with the option off peaks 10% lower
 than the default one that the pass certifies optimal. So the backend compiles
 each graph once more per option in ``PassConfig.variants`` (a boolean Inductor
-option, flipped), before the default program (so that the default's
-``post_compile`` is the last one to touch AOTAutograd's tracing context). At
+option, flipped), after the default program (the output strides its
+``post_compile`` left in AOTAutograd's tracing context are restored after each
+variant), unless the variant is provably the default program itself (Note
+[Skipped variants] in ``inductor_pass/backend.py``). At
 the first call the pass optimizes and certifies every program on the same
 copies of the real inputs and under the same input ownership; :func:`choose`
 then takes the program with the lowest measured peak. A program other than
