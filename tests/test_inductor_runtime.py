@@ -472,9 +472,6 @@ def test_a_skipped_reorder_off_variant_is_the_default_program(one_thread, monkey
         return out, notes
 
     monkeypatch.setattr(backend, "_compile_variants", both)
-    # Compile for real: a graph from the FX graph cache runs no scheduler.
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)
@@ -484,8 +481,13 @@ def test_a_skipped_reorder_off_variant_is_the_default_program(one_thread, monkey
     ref.backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    out = torch.compile(model, backend="torch_replay")(x).pow(2).sum()
-    out.backward()
+    # Compile for real: a graph from the FX graph cache runs no scheduler.
+    with (
+        torch._inductor.config.patch(fx_graph_cache=False),
+        torch._functorch.config.patch(enable_autograd_cache=False),
+    ):
+        out = torch.compile(model, backend="torch_replay")(x).pow(2).sum()
+        out.backward()
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
     for p, g in zip(model.parameters(), grads, strict=True):
         assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-5)
