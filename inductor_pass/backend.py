@@ -240,12 +240,11 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
     from torch._inductor.compile_fx import compile_fx_inner
 
     kind = _kind(kw)
-    copies = _variant_copies(gm, example_inputs, _config)
+    alternatives, notes = _compile_variants(gm, example_inputs, kw, _config)
     _HOOK.last_armed = None
-    with _armed(_config) as hooked, _reorder_probe() as reordered:
+    with _armed(_config) as hooked:
         out = compile_fx_inner(gm, example_inputs, **kw)
     first_call, _HOOK.last_armed = getattr(_HOOK, "last_armed", None), None
-    alternatives, notes = _compile_variants(copies, example_inputs, kw, reordered, out)
     if isinstance(first_call, FirstCallPass):
         first_call.variants.extend(alternatives)
         first_call.variant_notes.extend(notes)
@@ -272,97 +271,38 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
     return out
 
 
-def _variant_copies(gm, example_inputs, config: PassConfig) -> list[tuple[str, dict, Any]]:
-    """``(name, Inductor config patch, copy of gm)`` per variant to compile (Note
-    [Program variants]); copied before the default compile, whose post-grad
-    passes rewrite ``gm`` in place."""
-    from torch._inductor import config as inductor_config
-
-    from inductor_pass import guard, variants
-
-    if not (config.enabled and config.variants) or guard.symbolic_inputs(example_inputs):
-        return []
-    if getattr(inductor_config, "cpp_wrapper", False):
-        return []
-    return [(n, p, copy.deepcopy(gm)) for n, p in variants.flipped_options(config.variants)]
-
-
-@contextlib.contextmanager
-def _reorder_probe() -> Iterator[list[bool]]:
-    """Record, per call of Inductor's ``reorder_for_peak_memory`` in the block,
-    whether it changed the scheduler's node order (Note [Skipped variants])."""
-    log: list[bool] = []
-    try:
-        from torch._inductor import memory
-    except Exception:  # pragma: no cover - probed private API
-        yield log
-        return
-    original = memory.reorder_for_peak_memory
-    if not getattr(original, "_torch_replay_probe", False):
-
-        @functools.wraps(original)
-        def probed(nodes: Any, *args: Any, **kwargs: Any) -> Any:
-            before = [id(n) for n in nodes]
-            out = original(nodes, *args, **kwargs)
-            sink = getattr(_HOOK, "reorder_log", None)
-            if sink is not None:
-                sink.append([id(n) for n in out] != before)
-            return out
-
-        probed._torch_replay_probe = True  # type: ignore[attr-defined]
-        memory.reorder_for_peak_memory = probed
-    previous = getattr(_HOOK, "reorder_log", None)
-    _HOOK.reorder_log = log
-    try:
-        yield log
-    finally:
-        _HOOK.reorder_log = previous
-
-
-def _compile_variants(copies, example_inputs, kw, reordered: list[bool], default: Any):
+def _compile_variants(gm, example_inputs, kw, config: PassConfig):
     """Compile the graph's alternative programs (Note [Program variants]).
 
-    Runs after the default compile, on the copies of ``gm`` taken before it.
-
-    Note [Skipped variants]
-    ``reorder_for_peak_memory`` is Inductor's only use of that option: with it
-    off the scheduler keeps its node order and everything after is the same
-    code on the same nodes. So when the default compile ran the reordering and
-    it returned the order it was given (``reordered`` is all False), the
-    option-off program is the default program itself and is not compiled
-    again (about half of a cold compile's Inductor time on graphs where it
-    happens, issue 12); it is recorded as the default's source, which the
-    first call recognises as the same program. When the default came from the
-    FX graph cache (no scheduling ran: ``reordered`` is empty) the variant is
-    compiled. Skipping can at most miss a variant, never deploy a higher peak:
-    the default program is always a candidate.
+    Runs before the default compile, on copies of ``gm`` (Inductor's post-grad
+    passes rewrite the graph in place).
 
     Returns:
         ``(alternatives, notes)``: ``(name, source, globals, call, partitions)``
         per compiled variant, and why any variant is missing.
     """
-    from torch._guards import TracingContext
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
+    from inductor_pass import guard, variants
+
+    if not (config.enabled and config.variants) or guard.symbolic_inputs(example_inputs):
+        return [], []
+    if getattr(inductor_config, "cpp_wrapper", False):
+        return [], []
+    from torch._guards import TracingContext
+
     context = TracingContext.try_get()
     out, notes = [], []
-    source = getattr(default, "source_code", None)
-    for name, patch, gm_copy in copies:
-        if patch == {"reorder_for_peak_memory": False} and reordered and not any(reordered):
-            if isinstance(source, str):
-                out.append((name, source, None, None, None))
-                continue
+    for name, patch in variants.flipped_options(config.variants):
         sink: list[Any] = []
         previous = getattr(_HOOK, "sink", None)
         # post_compile records the graph's output strides in the tracing
-        # context for AOTAutograd (into an empty list); only the default
-        # program's may stay there.
+        # context for AOTAutograd; only the default program may leave them.
         strides = getattr(context, "output_strides", None)
         saved = list(strides) if strides is not None else None
         try:
-            if strides is not None:
-                strides.clear()
+            gm_copy = copy.deepcopy(gm)
             _HOOK.sink = sink
             with inductor_config.patch(patch):
                 compile_fx_inner(gm_copy, example_inputs, **kw)

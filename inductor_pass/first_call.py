@@ -179,7 +179,7 @@ class FirstCallPass:
         stored = decision_cache.load_variants(key)
         for name, _ in variants.flipped_options(config.variants):
             src = stored.get(name)
-            if src == source:  # the default program itself (Note [Skipped variants])
+            if src == source:  # the default program itself: nothing to load
                 self.variants.append((name, src, None, None, None))
                 continue
             loaded = decision_cache.load_program(src) if src is not None else None

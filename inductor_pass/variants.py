@@ -8,10 +8,8 @@ but their order and Inductor's buffer reuse differ, and on MLP-Mixer- and
 ViT-style inference graphs the program with the option off peaks 10% lower
 than the default one that the pass certifies optimal. So the backend compiles
 each graph once more per option in ``PassConfig.variants`` (a boolean Inductor
-option, flipped), after the default program (the output strides its
-``post_compile`` left in AOTAutograd's tracing context are restored after each
-variant), unless the variant is provably the default program itself (Note
-[Skipped variants] in ``inductor_pass/backend.py``). At
+option, flipped), before the default program (so that the default's
+``post_compile`` is the last one to touch AOTAutograd's tracing context). At
 the first call the pass optimizes and certifies every program on the same
 copies of the real inputs and under the same input ownership; :func:`choose`
 then takes the program with the lowest measured peak. A program other than
@@ -21,7 +19,8 @@ to the default original program's, and its measured peak is strictly lower than 
 default's chosen program (and, when the call owns inputs, not higher when the
 caller holds them all). So the deployed program is never above the best
 variant's, and never above the default. Every variant's peaks and bounds are
-in the report (``GraphReport.variants``).
+in the report (``GraphReport.variants``). A variant whose source is the default
+program's is not run through the pass again (the default's figures are copied).
 """
 
 from __future__ import annotations

@@ -452,50 +452,6 @@ def test_mixer_inference_is_never_above_the_best_inductor_variant(one_thread):
         assert r.deployed and r.variant == "reorder_for_peak_memory=False"
 
 
-def test_a_skipped_reorder_off_variant_is_the_default_program(one_thread, monkeypatch):
-    # Note [Skipped variants]: when Inductor's peak-memory reordering kept the
-    # order, the option-off variant is not compiled. Compile it anyway and
-    # compare the sources: the skip must only ever drop an identical program.
-    import copy
-
-    from inductor_pass import backend
-
-    original = backend._compile_variants
-    pairs = []
-
-    def both(copies, example_inputs, kw, reordered, default):
-        forced = [(n, p, copy.deepcopy(g)) for n, p, g in copies]
-        out, notes = original(copies, example_inputs, kw, reordered, default)
-        if reordered and not any(reordered):
-            compiled, _ = original(forced, example_inputs, kw, [True], default)
-            pairs.append((out[0][1], compiled[0][1]))
-        return out, notes
-
-    monkeypatch.setattr(backend, "_compile_variants", both)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.LayerNorm(64), torch.nn.Linear(64, 8)
-    )
-    x = torch.randn(16, 32, requires_grad=True)
-    ref = model(x).pow(2).sum()
-    ref.backward()
-    grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    # Compile for real: a graph from the FX graph cache runs no scheduler.
-    with (
-        torch._inductor.config.patch(fx_graph_cache=False),
-        torch._functorch.config.patch(enable_autograd_cache=False),
-    ):
-        out = torch.compile(model, backend="torch_replay")(x).pow(2).sum()
-        out.backward()
-    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5)
-    for p, g in zip(model.parameters(), grads, strict=True):
-        assert torch.allclose(p.grad, g, rtol=1e-4, atol=1e-5)
-    assert pairs, "no graph kept Inductor's order: the skip was not exercised"
-    for skipped, compiled in pairs:
-        assert skipped == compiled
-
-
 # ---------------------------------------------------------------------------
 # Caches: a warm process reuses Inductor's caches and the pass's decisions
 # ---------------------------------------------------------------------------
