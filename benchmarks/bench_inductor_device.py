@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_inductor import Block, SmallResNet, UNet  # noqa: E402
+from inductor_zoo import Block, SmallResNet, UNet  # noqa: E402
 
 import inductor_pass  # noqa: E402  (registers the backend)
 from inductor_pass import PassConfig, make_backend  # noqa: E402

@@ -52,20 +52,6 @@ from inductor_pass.report import GraphReport, record
 
 __all__ = ["TorchReplayPass", "torch_replay_backend", "make_backend", "register"]
 
-_SOURCES = (
-    "backend.py",
-    "config.py",
-    "decision_cache.py",
-    "first_call.py",
-    "guard.py",
-    "permute.py",
-    "recompute.py",
-    "report.py",
-    "rewrite.py",
-    "units.py",
-    "variants.py",
-    "wrapper_ast.py",
-)
 
 try:  # probed: the base class moved across versions
     from torch._inductor.custom_graph_pass import CustomGraphPass as _PassBase
@@ -92,10 +78,9 @@ class TorchReplayPass(_PassBase):  # type: ignore[misc,valid-type]
 
     def uuid(self) -> str:
         h = hashlib.sha256()
-        here = os.path.dirname(os.path.abspath(__file__))
-        for name in _SOURCES:
-            with open(os.path.join(here, name), "rb") as f:
-                h.update(f.read())
+        for name, text in _package_sources():
+            h.update(name.encode())
+            h.update(text)
         cfg = {k: getattr(self.config, k) for k in self.config.__slots__}  # type: ignore[attr-defined]
         for key in ("report", "dump_dir", "decision_cache"):  # do not change programs
             cfg.pop(key, None)
@@ -104,6 +89,23 @@ class TorchReplayPass(_PassBase):  # type: ignore[misc,valid-type]
             inner = getattr(self.chained, "uuid", lambda: None)()
             h.update(repr(inner).encode())
         return h.hexdigest()
+
+
+@functools.cache
+def _package_sources() -> tuple[tuple[str, bytes], ...]:
+    """Every Python source file of the package, sorted by name (the cache salt).
+
+    All of them, not a hand-kept list, so that no change to the pass can reuse
+    a cached program or decision of an older pass (``regenerate.py`` too: it is
+    a benchmark helper, but hashing it costs nothing and needs no judgment).
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = []
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name), "rb") as f:
+                out.append((name, f.read()))
+    return tuple(out)
 
 
 def _kind(kwargs: dict[str, Any]) -> str:

@@ -121,7 +121,11 @@ class FirstCallPass:
             self._load_variants(source, config)
         cands = [candidate("default", source, glob, self.impl, partitions)]
         rep = cands[0].report
+        same: list[str] = []
         for name, src, glb, call, parts in self.variants:
+            if src == source:  # the flipped option changed nothing: one program, one pass
+                same.append(name)
+                continue
             try:
                 cands.append(candidate(name, src, glb, call, parts))
             except Exception as exc:  # a variant is an option; never fatal
@@ -138,6 +142,9 @@ class FirstCallPass:
             except Exception as exc:  # a variant is an option; never fatal
                 best, why = cands[0], f"variant choice failed ({type(exc).__name__}: {exc})"
         rep.variants = {c.name: variants.summary(c.report) for c in cands}
+        for name in same:
+            rep.variants[name] = dict(rep.variants["default"])
+            self.variant_notes.append(f"variant {name} is the default program (same source)")
         rep.notes.append("profiled on a copy of the first call's real inputs")
         if owned is None:
             rep.notes.append("input ownership unknown: every input taken as held")
@@ -172,6 +179,9 @@ class FirstCallPass:
         stored = decision_cache.load_variants(key)
         for name, _ in variants.flipped_options(config.variants):
             src = stored.get(name)
+            if src == source:  # the default program itself: nothing to load
+                self.variants.append((name, src, None, None, None))
+                continue
             loaded = decision_cache.load_program(src) if src is not None else None
             if loaded is None:
                 self.variant_notes.append(f"variant {name} unavailable (not in the pass's cache)")

@@ -43,14 +43,9 @@ import ast
 import contextlib
 import linecache
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch.multiprocessing.reductions import StorageWeakRef
-
-from inductor_pass.units import declared_effects
-from inductor_pass.wrapper_ast import StmtKind, Wrapper, render_region
 
 __all__ = [
     "DynamicShapes",
@@ -58,11 +53,8 @@ __all__ = [
     "build_call",
     "symbolic_inputs",
     "copy_real_inputs",
+    "input_views",
     "input_ownership",
-    "EffectsProfile",
-    "profile_effects",
-    "storage_digest",
-    "profile_memory",
     "measure_cpu",
     "measure_cuda",
     "time_cuda",
@@ -156,6 +148,18 @@ def copy_real_inputs(inputs: Sequence[Any]) -> list[Any]:
         return [x.detach() if isinstance(x, torch.Tensor) else x for x in _clone_list(inputs)]
 
 
+def input_views(inputs: Sequence[Any]) -> list[Any]:
+    """Detached views of real inputs (no copy); every run of the pass copies
+    what it may write (Note [Unwritten inputs]).
+
+    Raises:
+        DynamicShapes: An input is a symbolic integer.
+    """
+    if any(isinstance(x, torch.SymInt) for x in inputs):
+        raise DynamicShapes("symbolic integer input")
+    return [x.detach() if isinstance(x, torch.Tensor) else x for x in inputs]
+
+
 def input_ownership(args: list[Any]) -> list[bool]:
     """Which inputs of a real call the call owns (see Note [Input ownership]).
 
@@ -244,62 +248,6 @@ def _bytes_view(st: torch.UntypedStorage) -> torch.Tensor:
     return t.set_(st, 0, (st.nbytes(),), (1,))
 
 
-def storage_digest(st: torch.UntypedStorage) -> tuple[int, int]:
-    """128-bit hash of a storage's bytes (``torch.ops.torch_replay.hash_ranges``).
-
-    The effect check compares digests before and after each unit instead of
-    copies of every live storage: no extra memory, one read per storage per
-    probe. Two different contents hash equal with probability about 2^-128.
-    """
-    _ext()  # loads the extension, which registers the op
-    ranges = torch.tensor([[0, st.nbytes()]], dtype=torch.int64)
-    h = torch.ops.torch_replay.hash_ranges(_bytes_view(st), ranges)
-    lo, hi = h.tolist()
-    return int(lo), int(hi)
-
-
-@dataclass(kw_only=True, slots=True)
-class EffectsProfile:
-    """What one instrumented run recorded (see :func:`profile_effects`)."""
-
-    name_storages: dict[str, frozenset[int]] = field(default_factory=dict)
-    sizes: dict[int, int] = field(default_factory=dict)
-    external: set[int] = field(default_factory=set)
-    changed: dict[int, set[int]] = field(default_factory=dict)
-    """Per unit statement: storages whose bytes changed while it ran."""
-    problems: list[str] = field(default_factory=list)
-
-
-def _bound_names_per_position(wrapper: Wrapper, order: list[int]) -> list[list[str]]:
-    bound = list(wrapper.input_names)
-    out = [list(bound)]
-    for k in order:
-        st = wrapper.region[k]
-        bound = [n for n in bound if n not in st.deletes] + [
-            n for n in st.defines if n not in bound
-        ]
-        out.append(list(bound))
-    return out
-
-
-def _global_tensor_names(wrapper: Wrapper, base_globals: dict[str, Any]) -> list[str]:
-    defined = {n for st in wrapper.region for n in st.defines} | set(wrapper.input_names)
-    names = []
-    for st in wrapper.region:
-        for n in st.uses:
-            if n not in defined and isinstance(base_globals.get(n), torch.Tensor):
-                if n not in names:
-                    names.append(n)
-    return names
-
-
-def _probe_lines(names_per_pos: list[list[str]], extra: list[str]) -> dict[int, str]:
-    return {
-        p: f"{_PROBE}({p}, {{{', '.join(f'{n!r}: {n}' for n in [*names, *extra])}}})"
-        for p, names in enumerate(names_per_pos)
-    }
-
-
 def _with_rng(fn: Callable[[], Any]) -> Any:
     cpu_state = torch.random.get_rng_state()
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
@@ -311,102 +259,6 @@ def _with_rng(fn: Callable[[], Any]) -> Any:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
-def profile_effects(
-    wrapper: Wrapper,
-    base_globals: dict[str, Any],
-    inputs: Sequence[Any],
-    *,
-    partitions: Any = None,
-    check_bytes: bool = True,
-    resolve: Callable[[str], object] | None = None,
-) -> EffectsProfile:
-    """Run the original program once with a probe between statements.
-
-    Records which storages every name refers to, their sizes, and, with
-    ``check_bytes``, which storages each unit changed (a 128-bit hash of every
-    live storage compared before and after the unit, :func:`storage_digest`),
-    for the effect-completeness check. Storages are freed as in a normal run.
-    """
-    order = list(range(len(wrapper.region)))
-    per_pos = _bound_names_per_position(wrapper, order)
-    gnames = _global_tensor_names(wrapper, base_globals)
-    prof = EffectsProfile()
-    # Storages are keyed by their StorageImpl address. A weak reference to each
-    # keeps that address from being reused during the run (the intrusive weak
-    # count keeps the StorageImpl object, not its bytes), so keys are unique
-    # while freed storages really are freed.
-    weak: dict[int, Any] = {}
-    state: dict[str, Any] = {"snap": None, "prev": None}
-
-    def storages_of(value: Any) -> dict[int, torch.UntypedStorage]:
-        out: dict[int, torch.UntypedStorage] = {}
-        for t in _tensors(value):
-            st = t.untyped_storage()
-            if st.nbytes() == 0:
-                continue
-            k = st._cdata
-            if k not in weak:
-                weak[k] = StorageWeakRef(st)
-            prof.sizes[k] = st.nbytes()
-            out[k] = st
-        return out
-
-    def probe(pos: int, bound: dict[str, Any]) -> None:
-        live: dict[int, torch.UntypedStorage] = {}
-        for n, v in bound.items():
-            sts = storages_of(v)
-            ks = frozenset(sts)
-            old = prof.name_storages.get(n)
-            if old is not None and old != ks:
-                prof.problems.append(f"name {n} changed storage during the run")
-            prof.name_storages[n] = ks
-            live.update(sts)
-        if pos == 0:
-            prof.external |= set(live)
-        cur: dict[int, tuple[int, int]] = {}
-
-        def digest(k: int) -> tuple[int, int]:
-            if k not in cur:
-                cur[k] = storage_digest(live[k])
-            return cur[k]
-
-        if state["snap"] is not None:
-            prof.changed[state["prev"]] = {
-                k for k, before in state["snap"].items() if k not in live or digest(k) != before
-            }
-            state["snap"] = None
-        if pos < len(order) and wrapper.region[order[pos]].kind is StmtKind.UNIT and check_bytes:
-            state["snap"] = {k: digest(k) for k in live}
-            state["prev"] = order[pos]
-
-    src = render_region(wrapper, order, probes=_probe_lines(per_pos, gnames))
-    call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
-    args = _clone_list(inputs)
-
-    def run():
-        with torch.no_grad():
-            return call(list(args))
-
-    out = _with_rng(run)
-    # A name bound by a unit keeps the storages seen right after that unit.
-    del out
-    if check_bytes:
-        for st in wrapper.region:
-            if st.kind is not StmtKind.UNIT:
-                continue
-            written_names, barrier = declared_effects(st, wrapper, resolve)
-            declared: set[int] = set()
-            for n in [*written_names, *st.defines] if not barrier else [*st.uses, *st.defines]:
-                declared |= prof.name_storages.get(n, frozenset())
-            undeclared = prof.changed.get(st.index, set()) - declared
-            if undeclared:
-                prof.problems.append(
-                    f"undeclared write by statement {st.index} ({st.callee}) to "
-                    f"{len(undeclared)} storage(s)"
-                )
-    return prof
-
-
 class _RuntimeArgs:
     """Copies of the inputs, passed as the runtime passes them (Note [Input ownership]).
 
@@ -416,11 +268,18 @@ class _RuntimeArgs:
     only reference to them.
     """
 
-    def __init__(self, inputs: Sequence[Any], owned: Sequence[bool] | None) -> None:
+    def __init__(
+        self,
+        inputs: Sequence[Any],
+        owned: Sequence[bool] | None,
+        shared: Sequence[bool] | None = None,
+    ) -> None:
         n = len(inputs)
         self.inputs = inputs
         self.owned = [bool(owned[i]) if owned is not None else False for i in range(n)]
-        self.held = _clone_inputs(inputs, [i for i in range(n) if not self.owned[i]])
+        keep = [not self.owned[i] and shared is not None and bool(shared[i]) for i in range(n)]
+        self.held = _clone_inputs(inputs, [i for i in range(n) if not (self.owned[i] or keep[i])])
+        self.held.update({i: inputs[i] for i in range(n) if keep[i]})
 
     def take(self) -> list[Any]:
         own = _clone_inputs(self.inputs, [i for i, o in enumerate(self.owned) if o])
@@ -433,56 +292,12 @@ class _RuntimeArgs:
         return [self.held[i] for i in sorted(self.held)]
 
 
-def profile_memory(
-    wrapper: Wrapper,
-    base_globals: dict[str, Any],
-    inputs: Sequence[Any],
-    *,
-    partitions: Any = None,
-    owned: Sequence[bool] | None = None,
-) -> tuple[list[int], list[int], int]:
-    """Run the original program in a counting window with a probe between statements.
-
-    Args:
-        owned: Per input, whether the call owns it (Note [Input ownership]);
-            None: every input is held by the caller.
-
-    Returns:
-        ``(transient, live_after, peak)``: per region statement the peak
-        bytes above the live count while it ran and the live bytes after it
-        (owned inputs count from the start), and the peak of the whole run.
-    """
-    ext = _ext()
-    n = len(wrapper.region)
-    live: list[int] = [0] * (n + 1)
-    peak: list[int] = [0] * (n + 1)
-
-    def probe(pos: int) -> None:
-        s = ext.counting_stats()
-        live[pos] = s["live"]
-        peak[pos] = s["peak"]
-        ext.counting_reset_peak()
-
-    src = render_region(wrapper, list(range(n)), probes={p: f"{_PROBE}({p})" for p in range(n + 1)})
-    call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
-    args = _RuntimeArgs(inputs, owned)
-
-    def run():
-        with torch.no_grad(), counting_window():
-            out = call(args.take())
-        return out
-
-    out = _with_rng(run)
-    del out
-    transient = [peak[p + 1] - live[p] for p in range(n)]
-    return transient, live[1:], max(peak)
-
-
 def measure_cpu(
     call: Callable[[list[Any]], Any],
     inputs: Sequence[Any],
     *,
     owned: Sequence[bool] | None = None,
+    shared: Sequence[bool] | None = None,
 ) -> tuple[int, list[Any], list[Any]]:
     """Measured peak bytes of one run (counting allocator), its outputs and final held inputs.
 
@@ -492,8 +307,10 @@ def measure_cpu(
         owned: Per input, whether the call owns it (Note [Input ownership]):
             owned inputs are copied inside the window and referenced only by
             the list passed to ``call``; None: every input is held.
+        shared: Per input, whether it is passed as is instead of copied
+            (Note [Unwritten inputs]); None: every input is copied.
     """
-    args = _RuntimeArgs(inputs, owned)
+    args = _RuntimeArgs(inputs, owned, shared)
 
     def run():
         with torch.no_grad(), counting_window() as stats:
@@ -510,9 +327,10 @@ def measure_cuda(
     inputs: Sequence[Any],
     *,
     owned: Sequence[bool] | None = None,
+    shared: Sequence[bool] | None = None,
 ) -> tuple[int, list[Any], list[Any]]:  # pragma: no cover - needs a GPU
     """Measured peak bytes on CUDA (``max_memory_allocated`` above the start)."""
-    args = _RuntimeArgs(inputs, owned)
+    args = _RuntimeArgs(inputs, owned, shared)
 
     def run():
         torch.cuda.synchronize()

@@ -19,7 +19,8 @@ to the default original program's, and its measured peak is strictly lower than 
 default's chosen program (and, when the call owns inputs, not higher when the
 caller holds them all). So the deployed program is never above the best
 variant's, and never above the default. Every variant's peaks and bounds are
-in the report (``GraphReport.variants``).
+in the report (``GraphReport.variants``). A variant whose source is the default
+program's is not run through the pass again (the default's figures are copied).
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def choose(
     if not eligible:
         return default, "no variant program is lower"
     best = min(eligible, key=lambda c: c.peak)  # type: ignore[arg-type,return-value]
-    copies = guard.copy_real_inputs(inputs)
+    copies = guard.input_views(inputs)  # every measurement copies them
     _, out_ref, in_ref = guard.measure_cpu(default.original, copies, owned=owned)
     p_def, _, _ = guard.measure_cpu(default.chosen, copies, owned=owned)
     p_best, out_best, in_best = guard.measure_cpu(best.chosen, copies, owned=owned)

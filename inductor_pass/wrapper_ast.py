@@ -10,8 +10,10 @@ statement gets a :class:`StmtKind`:
 - ``ALIAS``: ``bufA = bufB`` (``# reuse`` / ``# alias`` lines), ``bufA =
   bufB[0]`` (tuple projection of a fallback output), ``bufA =
   reinterpret_tensor(bufB, ...)``;
-- ``CHECK``: ``assert_size_stride`` / ``assert_alignment`` (no effect on
-  bytes);
+- ``CHECK``: ``assert_size_stride`` / ``assert_alignment`` and, from torch 2.14,
+  ``assert_size_stride_grouped`` / ``assert_tensor_metadata`` (metadata checks, no
+  effect on bytes; as units they were barriers with unknown effects, which made
+  the effect check hash every live storage around each, issue 12);
 - ``DEL``: ``del name`` (frees the storage when it was the last reference);
 - ``UNIT``: anything else (kernel calls: C++ ``cpp_pybinding`` kernels,
   ``extern_kernels.*``, ``torch.ops.*`` fallbacks, Triton ``.run``).
@@ -52,7 +54,12 @@ class StmtKind(enum.Enum):
 
 
 _ALLOC_FUNCS = re.compile(r"^(torch\.)?empty_strided(_[a-z0-9_]+)?$")
-_CHECK_FUNCS = {"assert_size_stride", "assert_alignment"}
+_CHECK_FUNCS = {
+    "assert_size_stride",
+    "assert_alignment",
+    "assert_size_stride_grouped",
+    "assert_tensor_metadata",
+}
 
 
 @dataclass(kw_only=True, slots=True)

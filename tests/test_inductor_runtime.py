@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import inductor_pass
-from inductor_pass import guard
+from inductor_pass import guard, profile
 
 SLOW = os.environ.get("TORCH_REPLAY_SLOW", "0") == "1"
 
@@ -138,16 +138,16 @@ def test_effect_check_by_hashes_finds_undeclared_writes(honest):
         "k_rw": k_rw,
         "empty_strided_cpu": torch._C._dynamo.guards._empty_strided_cpu,
     }
-    prof = guard.profile_effects(parse_wrapper(_EFFECT_WRAPPER), glob, [torch.ones(4)])
+    prof = profile.profile_effects(parse_wrapper(_EFFECT_WRAPPER), glob, [torch.ones(4)])
     if honest:
         assert prof.problems == []
     else:
         assert any("undeclared write by statement" in p for p in prof.problems), prof.problems
     st = torch.ones(4).untyped_storage()
-    before = guard.storage_digest(st)
-    assert guard.storage_digest(st) == before
+    before = profile.storage_digest(st)
+    assert profile.storage_digest(st) == before
     torch.empty(0, dtype=torch.uint8).set_(st)[5] ^= 1
-    assert guard.storage_digest(st) != before
+    assert profile.storage_digest(st) != before
 
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,457 @@
+"""The profile stage: run the original program instrumented, and model it.
+
+The pass's first stage (:func:`profile_program`) runs the wrapper's original
+program twice on copies of the first call's real inputs: once with a probe
+between statements that records which storages every name refers to and, per
+unit, which storages changed (the effect check, Note [Effect check scope]),
+and once in a counting window that records the live bytes after and the
+transient bytes during every statement. The result, :class:`Profiled`, is the
+byte-exact :class:`~inductor_pass.units.ProgramModel` of the program (Note
+[Wrapper memory model] in ``inductor_pass/units.py``), checked against the
+measured live bytes statement by statement, or the reason the graph is left
+unchanged. The search (``inductor_pass/search.py``) and the decision
+(``inductor_pass/decide.py``) follow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from inductor_pass.guard import (
+    _PROBE,
+    _bytes_view,
+    _clone_list,
+    _ext,
+    _RuntimeArgs,
+    _tensors,
+    _with_rng,
+    build_call,
+    counting_window,
+)
+from inductor_pass.units import ProgramModel, declared_effects, simulate
+from inductor_pass.wrapper_ast import StmtKind, Wrapper, render_region
+
+__all__ = [
+    "EffectsProfile",
+    "Profiled",
+    "profile_effects",
+    "profile_memory",
+    "profile_program",
+    "storage_digest",
+    "unwritten_inputs",
+]
+
+
+def storage_digest(st: torch.UntypedStorage) -> tuple[int, int]:
+    """128-bit hash of a storage's bytes (``torch.ops.torch_replay.hash_ranges``).
+
+    The effect check compares digests before and after each unit instead of
+    copies of every live storage: no extra memory, one read per storage per
+    probe. Two different contents hash equal with probability about 2^-128.
+    """
+    _ext()  # loads the extension, which registers the op
+    ranges = torch.tensor([[0, st.nbytes()]], dtype=torch.int64)
+    h = torch.ops.torch_replay.hash_ranges(_bytes_view(st), ranges)
+    lo, hi = h.tolist()
+    return int(lo), int(hi)
+
+
+@dataclass(kw_only=True, slots=True)
+class EffectsProfile:
+    """What one instrumented run recorded (see :func:`profile_effects`)."""
+
+    name_storages: dict[str, frozenset[int]] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)
+    external: set[int] = field(default_factory=set)
+    changed: dict[int, set[int]] = field(default_factory=dict)
+    """Per unit statement: storages whose bytes changed while it ran."""
+    problems: list[str] = field(default_factory=list)
+
+
+def _bound_names_per_position(wrapper: Wrapper, order: list[int]) -> list[list[str]]:
+    bound = list(wrapper.input_names)
+    out = [list(bound)]
+    for k in order:
+        st = wrapper.region[k]
+        bound = [n for n in bound if n not in st.deletes] + [
+            n for n in st.defines if n not in bound
+        ]
+        out.append(list(bound))
+    return out
+
+
+def _global_tensor_names(wrapper: Wrapper, base_globals: dict[str, Any]) -> list[str]:
+    defined = {n for st in wrapper.region for n in st.defines} | set(wrapper.input_names)
+    names = []
+    for st in wrapper.region:
+        for n in st.uses:
+            if n not in defined and isinstance(base_globals.get(n), torch.Tensor):
+                if n not in names:
+                    names.append(n)
+    return names
+
+
+def _probe_lines(num_positions: int) -> dict[int, str]:
+    """The probe calls of :func:`profile_effects`: each passes the wrapper's
+    ``locals()``, which the probe narrows to the names bound at its position.
+
+    A literal dict of those names at every position (as before) made the
+    instrumented source quadratic in the graph's size, and compiling it took
+    about 700 MB on a MobileNetV2 training graph (issue 12); ``locals()`` keeps
+    it linear.
+    """
+    return {p: f"{_PROBE}({p}, locals())" for p in range(num_positions)}
+
+
+def _effect_scopes(
+    wrapper: Wrapper, resolve: Callable[[str], object] | None
+) -> dict[int, frozenset[str] | None]:
+    """Per unit statement: the names whose storages the effect check hashes around it.
+
+    Note [Effect check scope]
+    The effect check (:func:`profile_effects`) verifies that a unit writes no
+    storage it does not declare. A kernel call reaches memory only through its
+    arguments: Inductor's C++/Triton kernels receive pointers to their argument
+    buffers, and ``extern_kernels`` / ``torch.ops`` calls receive the tensors
+    named in the statement. So a unit can write only storages of names it uses
+    or binds, and those are the storages hashed before and after it; a write to
+    any of them that the kernel signature or schema does not declare is still
+    found. A callee with unknown effects (a barrier of :func:`declared_effects`
+    that has no schema) gets every live storage hashed, as before. Hashing only
+    a unit's own operands makes the check cost the bytes each unit touches
+    instead of every live byte per unit (ViT-B/16 inference: 112 s of hashing of
+    the weights at every one of its units, issue 12).
+    """
+    return {
+        st.index: None
+        if _unknown_effects(st, wrapper, resolve)
+        else frozenset([*st.uses, *st.defines])
+        for st in wrapper.region
+        if st.kind is StmtKind.UNIT
+    }
+
+
+def _unknown_effects(st: Any, wrapper: Wrapper, resolve: Callable[[str], object] | None) -> bool:
+    """Whether a unit's callee is a barrier without a schema (its effects are unknown)."""
+    try:
+        if not declared_effects(st, wrapper, resolve)[1]:
+            return False
+    except Exception:
+        return True
+    return not _has_schema(st, resolve)
+
+
+def _has_schema(st: Any, resolve: Callable[[str], object] | None) -> bool:
+    """Whether a unit's callee is an operator with a schema (its effects are known)."""
+    if resolve is None or not st.callee:
+        return False
+    try:
+        obj = resolve(st.callee)
+    except Exception:
+        return False
+    return getattr(obj, "_schema", None) is not None or (
+        getattr(getattr(obj, "default", None), "_schema", None) is not None
+    )
+
+
+def profile_effects(
+    wrapper: Wrapper,
+    base_globals: dict[str, Any],
+    inputs: Sequence[Any],
+    *,
+    partitions: Any = None,
+    check_bytes: bool = True,
+    resolve: Callable[[str], object] | None = None,
+) -> EffectsProfile:
+    """Run the original program once with a probe between statements.
+
+    Records which storages every name refers to, their sizes, and, with
+    ``check_bytes``, which storages each unit changed (a 128-bit hash of every
+    live storage compared before and after the unit, :func:`storage_digest`),
+    for the effect-completeness check. Storages are freed as in a normal run.
+    """
+    order = list(range(len(wrapper.region)))
+    per_pos = _bound_names_per_position(wrapper, order)
+    gnames = _global_tensor_names(wrapper, base_globals)
+    prof = EffectsProfile()
+    # Storages are keyed by their StorageImpl address. A weak reference to each
+    # keeps that address from being reused during the run (the intrusive weak
+    # count keeps the StorageImpl object, not its bytes), so keys are unique
+    # while freed storages really are freed.
+    weak: dict[int, Any] = {}
+    state: dict[str, Any] = {"snap": None, "prev": None}
+
+    def storages_of(value: Any) -> dict[int, torch.UntypedStorage]:
+        out: dict[int, torch.UntypedStorage] = {}
+        for t in _tensors(value):
+            st = t.untyped_storage()
+            if st.nbytes() == 0:
+                continue
+            k = st._cdata
+            if k not in weak:
+                weak[k] = StorageWeakRef(st)
+            prof.sizes[k] = st.nbytes()
+            out[k] = st
+        return out
+
+    def probe(pos: int, scope: dict[str, Any]) -> None:
+        bound = {n: scope[n] for n in per_pos[pos]}
+        bound.update((n, base_globals[n]) for n in gnames)
+        del scope
+        live: dict[int, torch.UntypedStorage] = {}
+        for n, v in bound.items():
+            sts = storages_of(v)
+            ks = frozenset(sts)
+            old = prof.name_storages.get(n)
+            if old is not None and old != ks:
+                prof.problems.append(f"name {n} changed storage during the run")
+            prof.name_storages[n] = ks
+            live.update(sts)
+        if pos == 0:
+            prof.external |= set(live)
+        cur: dict[int, tuple[int, int]] = {}
+
+        def digest(k: int) -> tuple[int, int]:
+            if k not in cur:
+                cur[k] = storage_digest(live[k])
+            return cur[k]
+
+        if state["snap"] is not None:
+            prof.changed[state["prev"]] = {
+                k for k, before in state["snap"].items() if k not in live or digest(k) != before
+            }
+            state["snap"] = None
+        if pos < len(order) and wrapper.region[order[pos]].kind is StmtKind.UNIT and check_bytes:
+            st = wrapper.region[order[pos]]
+            names = reach.get(st.index)
+            if names is None:  # unknown callee: any live storage (Note [Effect check scope])
+                watched = live
+            else:
+                watched = {}
+                for n in names:
+                    for k in prof.name_storages.get(n, frozenset()):
+                        if k in live:
+                            watched[k] = live[k]
+            state["snap"] = {k: digest(k) for k in watched}
+            state["prev"] = order[pos]
+
+    reach = _effect_scopes(wrapper, resolve) if check_bytes else {}
+    src = render_region(wrapper, order, probes=_probe_lines(len(per_pos)))
+    call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
+    args = _clone_list(inputs)
+
+    def run():
+        with torch.no_grad():
+            return call(list(args))
+
+    out = _with_rng(run)
+    # A name bound by a unit keeps the storages seen right after that unit.
+    del out
+    if check_bytes:
+        for st in wrapper.region:
+            if st.kind is not StmtKind.UNIT:
+                continue
+            written_names, barrier = declared_effects(st, wrapper, resolve)
+            declared: set[int] = set()
+            for n in [*written_names, *st.defines] if not barrier else [*st.uses, *st.defines]:
+                declared |= prof.name_storages.get(n, frozenset())
+            undeclared = prof.changed.get(st.index, set()) - declared
+            if undeclared:
+                prof.problems.append(
+                    f"undeclared write by statement {st.index} ({st.callee}) to "
+                    f"{len(undeclared)} storage(s)"
+                )
+    return prof
+
+
+def unwritten_inputs(
+    wrapper: Wrapper,
+    prof: EffectsProfile,
+    resolve: Callable[[str], object] | None,
+    owned: Sequence[bool],
+) -> list[bool]:
+    """Per input: held by the caller, and provably never written by the program.
+
+    Note [Unwritten inputs]
+    The pass's runs of a program (memory profile, guard measurements) used to
+    copy every input first, so that a write could never reach the caller's
+    tensors; for a model's weights that is one more copy of the model per run
+    alive at once (issue 12: compile memory 1.9x Inductor's on ViT-B/16). After
+    the effect profile (on copies) the pass knows, per storage, whether any
+    unit changed its bytes (hashed around every unit that can reach it, Note
+    [Effect check scope]) and whether any unit declares a write to it. An input
+    neither changed nor declared written, in a profile that found no problem,
+    is read only by every unit, in any order of the same units, so later runs
+    read it in place. Inputs the call owns are still copied (the program frees
+    them), and so is everything when the effect check is off or on CUDA.
+    """
+    written: set[int] = set()
+    for ks in prof.changed.values():
+        written |= ks
+    for st in wrapper.region:
+        if st.kind is not StmtKind.UNIT:
+            continue
+        names, barrier = declared_effects(st, wrapper, resolve)
+        for n in [*st.uses, *st.defines] if barrier else [*names, *st.defines]:
+            written |= prof.name_storages.get(n, frozenset())
+    out = []
+    for i, flag in enumerate(owned):
+        name = wrapper.input_names[i] if i < len(wrapper.input_names) else None
+        ks = prof.name_storages.get(name, frozenset()) if name is not None else frozenset()
+        out.append(bool(ks) and not flag and not (ks & written))
+    return out
+
+
+def profile_memory(
+    wrapper: Wrapper,
+    base_globals: dict[str, Any],
+    inputs: Sequence[Any],
+    *,
+    partitions: Any = None,
+    owned: Sequence[bool] | None = None,
+    shared: Sequence[bool] | None = None,
+) -> tuple[list[int], list[int], int]:
+    """Run the original program in a counting window with a probe between statements.
+
+    Args:
+        owned: Per input, whether the call owns it (Note [Input ownership]);
+            None: every input is held by the caller.
+        shared: Per input, whether the program provably leaves it unchanged, so
+            that it is passed as is instead of copied (Note [Unwritten inputs]).
+
+    Returns:
+        ``(transient, live_after, peak)``: per region statement the peak
+        bytes above the live count while it ran and the live bytes after it
+        (owned inputs count from the start), and the peak of the whole run.
+    """
+    ext = _ext()
+    n = len(wrapper.region)
+    live: list[int] = [0] * (n + 1)
+    peak: list[int] = [0] * (n + 1)
+
+    def probe(pos: int) -> None:
+        s = ext.counting_stats()
+        live[pos] = s["live"]
+        peak[pos] = s["peak"]
+        ext.counting_reset_peak()
+
+    src = render_region(wrapper, list(range(n)), probes={p: f"{_PROBE}({p})" for p in range(n + 1)})
+    call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
+    args = _RuntimeArgs(inputs, owned, shared)
+
+    def run():
+        with torch.no_grad(), counting_window():
+            out = call(args.take())
+        return out
+
+    out = _with_rng(run)
+    del out
+    transient = [peak[p + 1] - live[p] for p in range(n)]
+    return transient, live[1:], max(peak)
+
+
+@dataclass(kw_only=True, slots=True)
+class Profiled:
+    """The profile stage's result: the program's model, or why it is left unchanged."""
+
+    wrapper: Wrapper
+    inputs: list[Any]
+    """Detached views of the real inputs (every run copies what it may write)."""
+    owned: list[bool]
+    """Per input, whether the call owns it (Note [Input ownership] in ``guard.py``)."""
+    device: str
+    refusal: str | None = None
+    """Why the graph is left unchanged (then the fields below are unset)."""
+    model: ProgramModel | None = None
+    shared: list[bool] | None = None
+    """Per input, whether runs read it in place (Note [Unwritten inputs])."""
+    profiled_peak: int | None = None
+    """Measured peak of the counting run (None on CUDA)."""
+    modelled_peak: int | None = None
+    """Modelled peak of the original order."""
+    live: list[int] = field(default_factory=list)
+    """Modelled live bytes after each statement of the original order."""
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device == "cuda"
+
+
+def profile_program(
+    wrapper: Wrapper,
+    base_globals: dict[str, Any],
+    real_inputs: Sequence[Any],
+    *,
+    owned: Sequence[bool] | None,
+    partitions: Any,
+    check_effects: bool,
+    resolve: Callable[[str], object],
+) -> Profiled:
+    """The profile stage (see the module docstring).
+
+    Raises:
+        DynamicShapes: An input is a symbolic integer.
+    """
+    from inductor_pass.guard import input_views
+
+    inputs = input_views(real_inputs)
+    flags = [bool(o) for o in owned] if owned is not None else [False] * len(inputs)
+    if len(flags) != len(inputs):
+        raise ValueError(f"owned has {len(flags)} flags for {len(inputs)} inputs")
+    devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
+    device = "cuda" if "cuda" in devices else ("cpu" if devices <= {"cpu"} else "")
+    out = Profiled(
+        wrapper=wrapper, inputs=inputs, owned=flags, device=device or ",".join(sorted(devices))
+    )
+    if not devices <= {"cpu", "cuda"}:
+        out.refusal = f"device {out.device} has no guard"
+        return out
+    # The effect profile runs first and is also the warm-up: lazy initialisation
+    # (oneDNN primitives, kernel loading) happens here, not in the measured runs.
+    prof = profile_effects(
+        wrapper,
+        base_globals,
+        inputs,
+        partitions=partitions,
+        check_bytes=check_effects,
+        resolve=resolve,
+    )
+    if prof.problems:
+        out.refusal = "; ".join(prof.problems[:3])
+        return out
+    if check_effects and not out.on_cuda:
+        out.shared = unwritten_inputs(wrapper, prof, resolve, flags)
+    live_after = None
+    if out.on_cuda:  # pragma: no cover - needs a GPU
+        transient = [0] * len(wrapper.region)
+    else:
+        transient, live_after, out.profiled_peak = profile_memory(
+            wrapper, base_globals, inputs, partitions=partitions, owned=flags, shared=out.shared
+        )
+    owned_storages: set[int] = set()
+    for name, flag in zip(wrapper.input_names, flags, strict=False):
+        if flag:
+            owned_storages |= prof.name_storages.get(name, frozenset())
+    out.model = ProgramModel(
+        wrapper=wrapper,
+        name_storages=prof.name_storages,
+        sizes=prof.sizes,
+        external=frozenset(prof.external),
+        owned=frozenset(owned_storages) & frozenset(prof.external),
+        transient=transient,
+    )
+    out.modelled_peak, out.live = simulate(out.model, list(range(len(wrapper.region))))
+    if live_after is not None and out.live != live_after:
+        k = next(i for i, (a, b) in enumerate(zip(out.live, live_after, strict=True)) if a != b)
+        st = wrapper.region[k]
+        out.refusal = (
+            f"ownership record violated at statement {k} "
+            f"({st.text.splitlines()[0][:60]!r}): live bytes modelled {out.live[k]}, "
+            f"measured {live_after[k]}"
+        )
+    return out
