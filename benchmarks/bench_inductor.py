@@ -232,6 +232,15 @@ def graph_row(r, g, args):
     return gr
 
 
+def _write_results(path, lines, head, done, summary, rows, failures):
+    """The Markdown table at ``path`` and its data beside it (``.json``)."""
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    data = {**head, "done": done, "summary": summary, "rows": rows, "failures": failures}
+    with open(os.path.splitext(path)[0] + ".json", "w") as fh:
+        json.dump(data, fh, indent=1, default=str)
+
+
 def merge(args):
     """Render several runs' JSON files as one table (``--merge``)."""
     parts = []
@@ -256,24 +265,15 @@ def merge(args):
         + " Wall time below is the sum over parts.)",
     )
     if args.out:
-        path = os.path.join(args.out, args.name)
-        with open(path, "w") as fh:
-            fh.write("\n".join(lines) + "\n")
-        with open(os.path.splitext(path)[0] + ".json", "w") as fh:
-            json.dump(
-                {
-                    "commands": commands,
-                    "torch": parts[0]["torch"],
-                    "models": parts[0]["models"],
-                    "done": True,
-                    "summary": summary,
-                    "rows": rows,
-                    "failures": failures,
-                },
-                fh,
-                indent=1,
-                default=str,
-            )
+        _write_results(
+            os.path.join(args.out, args.name),
+            lines,
+            {"commands": commands, "torch": parts[0]["torch"], "models": parts[0]["models"]},
+            True,
+            summary,
+            rows,
+            failures,
+        )
     print("\n".join(lines))
 
 
@@ -352,23 +352,8 @@ def main():
     def write(done):
         lines, summary = render(rows, failures, started, done, tv_info)
         if path is not None:
-            with open(path, "w") as fh:
-                fh.write("\n".join(lines) + "\n")
-            with open(os.path.splitext(path)[0] + ".json", "w") as fh:
-                json.dump(
-                    {
-                        "command": command_line(),
-                        "torch": torch.__version__,
-                        "models": tv_info,
-                        "done": done,
-                        "summary": summary,
-                        "rows": rows,
-                        "failures": failures,
-                    },
-                    fh,
-                    indent=1,
-                    default=str,
-                )
+            head = {"command": command_line(), "torch": torch.__version__, "models": tv_info}
+            _write_results(path, lines, head, done, summary, rows, failures)
         return lines
 
     for key, name, build, make_inputs in todo:

@@ -101,6 +101,18 @@ def _with_observer(observer: str, fn):
     return run
 
 
+def _chain_step(ckpt, block, x, segments: int, reentrant: bool):
+    """One training step through ``segments`` checkpointed copies of ``block``."""
+
+    def run():
+        h = x
+        for _ in range(segments):
+            h = ckpt(block, h, use_reentrant=reentrant)
+        h.sum().backward()
+
+    return run
+
+
 # ------------------------------------------------------------------- per-op
 
 
@@ -152,13 +164,7 @@ def bench_small_ops(segments: int, reps: int) -> list[dict]:
     for reentrant in (False, True):
 
         def step(ckpt, reentrant=reentrant):
-            def run():
-                h = x0
-                for _ in range(segments):
-                    h = ckpt(block, h, use_reentrant=reentrant)
-                h.sum().backward()
-
-            return run
+            return _chain_step(ckpt, block, x0, segments, reentrant)
 
         med = _interleaved(
             {"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}, reps
@@ -243,13 +249,7 @@ def bench_per_segment(segments: int, reps: int) -> list[dict]:
         return h * 2.0
 
     def step(ckpt):
-        def run():
-            h = x
-            for _ in range(segments):
-                h = ckpt(blk, h, use_reentrant=False)
-            h.sum().backward()
-
-        return run
+        return _chain_step(ckpt, blk, x, segments, False)
 
     med, ratio = _paired(
         {

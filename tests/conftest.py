@@ -13,3 +13,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="slow: set TORCH_REPLAY_SLOW=1 to run"))
         if "cuda" in item.keywords and not torch.cuda.is_available():
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (none here)"))
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for the test. Inductor's CPU scatter-add accumulates with
+    atomics: with several threads the float sums depend on timing, so plain Inductor is
+    not bitwise reproducible against itself; one thread makes the reference exact."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

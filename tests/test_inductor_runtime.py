@@ -37,17 +37,6 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
-@pytest.fixture
-def one_thread():
-    # Inductor's CPU scatter-add accumulates with atomics: with several threads
-    # the float sums depend on timing, so plain Inductor is not bitwise
-    # reproducible against itself. One thread makes the reference exact.
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 # ---------------------------------------------------------------------------
 # Input ownership (Note [Input ownership] in inductor_pass/guard.py)
 # ---------------------------------------------------------------------------

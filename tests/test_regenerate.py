@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 import torch
 
 import inductor_pass
@@ -63,14 +62,6 @@ def test_order_pass_follows_every_legal_target_and_repairs_illegal_ones():
         names = [n.name for n in out]
         assert names.index("e") == names.index("c") + 1
         assert hook.matched == 4 and hook.nodes == 5
-
-
-@pytest.fixture
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 class _Segments(torch.nn.Module):

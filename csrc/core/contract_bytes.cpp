@@ -67,18 +67,12 @@ std::pair<int, int> segment_ops(const Program& p, int segment) {
 Footprint segment_footprint(const Program& p, int segment) {
   Footprint fp;
   fp.ranges.resize(p.storages.size());
-  auto [first, last] = segment_ops(p, segment);
-  for (int k = first; k < last; ++k) {
-    const Op& op = p.ops[k];
-    if (op.kind == OpKind::kBoundary) {
-      continue;
-    }
-    auto d = dst_bytes(p, op);
-    fp.ranges[p.views[op.dst_view].storage].push_back(d);
+  for_each_segment_op(p, segment, [&](int, const Op& op) {
+    fp.ranges[p.views[op.dst_view].storage].push_back(dst_bytes(p, op));
     for (const Operand& o : op.operands) {
       fp.ranges[p.views[o.view].storage].push_back(operand_bytes(p, op, o));
     }
-  }
+  });
   return fp;
 }
 
@@ -89,12 +83,7 @@ Footprint exposed_reads(const Program& p, int segment) {
   for (size_t s = 0; s < p.storages.size(); ++s) {
     written[s].assign(p.storages[s].nbytes, false);
   }
-  auto [first, last] = segment_ops(p, segment);
-  for (int k = first; k < last; ++k) {
-    const Op& op = p.ops[k];
-    if (op.kind == OpKind::kBoundary) {
-      continue;
-    }
+  for_each_segment_op(p, segment, [&](int, const Op& op) {
     for (const Operand& o : op.operands) {
       const View& v = p.views[o.view];
       auto [b, e] = operand_bytes(p, op, o);
@@ -107,7 +96,7 @@ Footprint exposed_reads(const Program& p, int segment) {
     auto [db, de] = dst_bytes(p, op);
     int s = p.views[op.dst_view].storage;
     std::fill(written[s].begin() + db, written[s].begin() + de, true);
-  }
+  });
   return fp;
 }
 

@@ -73,12 +73,7 @@ void forward_segment(
     const StorageKey key = key_of(static_cast<int>(b));
     engine.declare(key, resolve(key));
   }
-  auto [first, last] = segment_ops(p, segment);
-  for (int k = first; k < last; ++k) {
-    const Op& op = p.ops[k];
-    if (op.kind == OpKind::kBoundary) {
-      continue;
-    }
+  for_each_segment_op(p, segment, [&](int k, const Op& op) {
     for (const Operand& o : op.operands) {
       auto [b, e] = operand_bytes(p, op, o);
       const StorageKey key = key_of(p.views[o.view].storage);
@@ -90,7 +85,7 @@ void forward_segment(
     engine.access(key, resolve(key), dst, Access::kWrite);
     journal.record_if_watched(key, resolve(key), dst);
     execute_op(p, k, st);
-  }
+  });
   engine.end_forward();
 }
 

@@ -159,20 +159,16 @@ void replay_segment_values(
     int segment,
     ByteState& st,
     NodeValues& out) {
-  auto [first, last] = segment_ops(p, segment);
-  for (int k = first; k < last; ++k) {
-    if (p.ops[k].kind == OpKind::kBoundary) {
-      continue;
-    }
+  for_each_segment_op(p, segment, [&](int k, const Op& op) {
     OpValues vals = execute_op(p, k, st);
     int base = tr.op_first_node[k];
-    for (int64_t i = 0; i < p.ops[k].len; ++i) {
+    for (int64_t i = 0; i < op.len; ++i) {
       out.z[base + i] = vals.z[i];
       out.mask[base + i] = vals.mask[i];
       out.noise_term[base + i] = vals.noise_term[i];
       out.value[base + i] = vals.value[i];
     }
-  }
+  });
 }
 
 namespace {

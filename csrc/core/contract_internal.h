@@ -216,6 +216,18 @@ inline std::pair<int64_t, int64_t> operand_bytes(
   return {b, b + op.len * s};
 }
 
+// Calls f(k, op) for each operation k of `segment`, in program order,
+// boundaries skipped.
+template <typename F>
+void for_each_segment_op(const Program& p, int segment, F&& f) {
+  auto [first, last] = segment_ops(p, segment);
+  for (int k = first; k < last; ++k) {
+    if (p.ops[k].kind != OpKind::kBoundary) {
+      f(k, p.ops[k]);
+    }
+  }
+}
+
 inline std::pair<int64_t, int64_t> dst_bytes(const Program& p, const Op& op) {
   const View& v = p.views[op.dst_view];
   int64_t s = dtype_size(v.dtype);
