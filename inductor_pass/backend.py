@@ -215,6 +215,10 @@ def _install_post_compile_hook() -> bool:
             elif config is not None and not isinstance(
                 getattr(self, "current_callable", None), FirstCallPass
             ):
+                _HOOK.failed_variants = {
+                    **getattr(_HOOK, "failed_variants", {}),
+                    **_resolve_deferred(),
+                }
                 graph_kwargs = args[1] if len(args) > 1 else kwargs.get("graph_kwargs")
                 run_pass(self, example_inputs, _kind_of(self, graph_kwargs), config)
             return original(self, example_inputs, *args, **kwargs)
@@ -222,6 +226,64 @@ def _install_post_compile_hook() -> bool:
         post_compile._torch_replay_hook = True  # type: ignore[attr-defined]
         CompiledFxGraph.post_compile = post_compile
         return True
+
+
+def _install_wait_hook() -> bool:
+    """Wrap ``AsyncCompile.wait`` once per process (probed); False if absent.
+
+    Note [Deferred variant kernels]
+    A variant's wrapper module submits its C++ kernels to Inductor's compile
+    workers when it loads and then waits for all of them. Waiting there keeps
+    the workers' compiles from overlapping the default program's lowering and
+    code generation, which come next in this thread. So while a variant loads
+    (``_HOOK.defer`` is a list, set by :func:`_compile_variants` for this
+    thread only) the wait is recorded instead of done; :func:`_resolve_deferred`
+    does it, with Inductor's own ``wait``, as soon as the default program's
+    module is loaded (at its ``post_compile``, before anything can call either
+    program) and at the latest when the inner compile returns or fails. A
+    variant whose kernels fail to build is dropped with a note. Other threads,
+    and every compile outside a variant's, wait as Inductor does.
+    """
+    try:
+        from torch._inductor.async_compile import AsyncCompile
+    except Exception:
+        return False
+    with _HOOK_LOCK:
+        current = AsyncCompile.__dict__.get("wait")
+        if current is None:
+            return False
+        if getattr(current, "_torch_replay_hook", False):
+            return True
+        original = current
+
+        @functools.wraps(original)
+        def wait(self: Any, scope: dict[str, Any]) -> None:
+            deferred = getattr(_HOOK, "defer", None)
+            if deferred is not None:
+                deferred.append((original, self, scope))
+                return None
+            return original(self, scope)
+
+        wait._torch_replay_hook = True  # type: ignore[attr-defined]
+        AsyncCompile.wait = wait
+        return True
+
+
+def _resolve_deferred() -> dict[int, str]:
+    """Do the waits deferred by Note [Deferred variant kernels]; never raises.
+
+    Returns:
+        ``{id(module globals): error}`` for each variant module whose kernels failed.
+    """
+    pending = getattr(_HOOK, "deferred", None) or []
+    _HOOK.deferred = []
+    failed: dict[int, str] = {}
+    for wait, owner, scope in pending:
+        try:
+            wait(owner, scope)
+        except Exception as exc:
+            failed[id(scope)] = f"{type(exc).__name__}: {exc}"
+    return failed
 
 
 @contextlib.contextmanager
@@ -240,10 +302,18 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
     from torch._inductor.compile_fx import compile_fx_inner
 
     kind = _kind(kw)
-    alternatives, notes = _compile_variants(gm, example_inputs, kw, _config)
-    _HOOK.last_armed = None
-    with _armed(_config) as hooked:
-        out = compile_fx_inner(gm, example_inputs, **kw)
+    _HOOK.deferred, _HOOK.failed_variants = [], {}
+    try:
+        alternatives, notes = _compile_variants(gm, example_inputs, kw, _config)
+        _HOOK.last_armed = None
+        with _armed(_config) as hooked:
+            out = compile_fx_inner(gm, example_inputs, **kw)
+    finally:
+        failed = {**_HOOK.failed_variants, **_resolve_deferred()}
+        _HOOK.failed_variants = {}
+    for name, _src, glob, *_ in [a for a in alternatives if id(a[2]) in failed]:
+        notes.append(f"variant {name} not compiled: {failed[id(glob)]}")
+    alternatives = [a for a in alternatives if id(a[2]) not in failed]
     first_call, _HOOK.last_armed = getattr(_HOOK, "last_armed", None), None
     if isinstance(first_call, FirstCallPass):
         first_call.variants.extend(alternatives)
@@ -301,18 +371,24 @@ def _compile_variants(gm, example_inputs, kw, config: PassConfig):
         # context for AOTAutograd; only the default program may leave them.
         strides = getattr(context, "output_strides", None)
         saved = list(strides) if strides is not None else None
+        deferred: list[Any] = []
         try:
             gm_copy = copy.deepcopy(gm)
             _HOOK.sink = sink
+            if _install_wait_hook():
+                _HOOK.defer = deferred  # Note [Deferred variant kernels]
             with inductor_config.patch(patch):
                 compile_fx_inner(gm_copy, example_inputs, **kw)
         except Exception as exc:
             notes.append(f"variant {name} not compiled: {type(exc).__name__}: {exc}")
+            _HOOK.deferred.extend(deferred)  # still awaited, then dropped with the variant
             continue
         finally:
             _HOOK.sink = previous
+            _HOOK.defer = None
             if saved is not None and strides is not None:
                 strides[:] = saved
+        _HOOK.deferred.extend(deferred)
         if len(sink) == 1 and isinstance(sink[0], tuple):
             out.append((name, *sink[0]))
         else:

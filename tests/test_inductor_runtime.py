@@ -441,6 +441,82 @@ def test_mixer_inference_is_never_above_the_best_inductor_variant(one_thread):
         assert r.deployed and r.variant == "reorder_for_peak_memory=False"
 
 
+def _log_module_loads_and_waits(monkeypatch, fail_variant_wait=False):
+    """Log ``(event, program, id(module globals))`` for Inductor's module loads and kernel waits."""
+    from torch._inductor import codecache
+    from torch._inductor import config as inductor_config
+    from torch._inductor.async_compile import AsyncCompile
+
+    events: list[tuple[str, str, int]] = []
+    variant_scopes: set[int] = set()
+    load, wait = codecache.PyCodeCache.load_by_key_path, AsyncCompile._wait_futures
+
+    def load_by_key_path(*args, **kwargs):
+        mod = load(*args, **kwargs)
+        program = "default" if inductor_config.reorder_for_peak_memory else "variant"
+        if program == "variant":
+            variant_scopes.add(id(mod.__dict__))
+        events.append(("load", program, id(mod.__dict__)))
+        return mod
+
+    def wait_futures(self, scope):
+        program = "variant" if id(scope) in variant_scopes else "default"
+        events.append(("wait", program, id(scope)))
+        if fail_variant_wait and program == "variant":
+            raise RuntimeError("injected kernel build failure")
+        return wait(self, scope)
+
+    monkeypatch.setattr(codecache.PyCodeCache, "load_by_key_path", load_by_key_path)
+    monkeypatch.setattr(AsyncCompile, "_wait_futures", wait_futures)
+    return events
+
+
+def test_variant_kernels_build_while_the_default_program_is_generated(monkeypatch):
+    # Note [Deferred variant kernels]: the variant's kernel wait comes after the
+    # default program's module is loaded, and the variant still takes part.
+    from torch._inductor import config as inductor_config
+
+    ns: dict = {}
+    exec(_MIXER_SRC, ns)  # noqa: S102 - the test's own model source
+    model, x = ns["mixer_and_input"]()
+    with torch.no_grad(), inductor_config.patch(compile_threads=2):
+        expected = torch.compile(model, backend="inductor")(x)
+        torch._dynamo.reset()
+        inductor_pass.clear_reports()
+        events = _log_module_loads_and_waits(monkeypatch)
+        f = torch.compile(model, backend="torch_replay")
+        assert torch.equal(f(x), expected)
+        assert torch.equal(f(x), expected)
+    order = [(e, p) for e, p, _ in events]
+    assert order.index(("load", "variant")) < order.index(("load", "default"))
+    assert order.index(("wait", "variant")) > order.index(("load", "default")), order
+    (r,) = inductor_pass.reports()
+    assert set(r.variants) == {"default", "reorder_for_peak_memory=False"}
+    assert r.variants["reorder_for_peak_memory=False"]["byte_exact"] is True
+
+
+def test_variant_whose_kernels_fail_to_build_is_dropped_with_a_note(monkeypatch):
+    from torch._inductor import config as inductor_config
+
+    ns: dict = {}
+    exec(_MIXER_SRC, ns)  # noqa: S102 - the test's own model source
+    model, x = ns["mixer_and_input"]()
+    with torch.no_grad(), inductor_config.patch(compile_threads=2, force_disable_caches=True):
+        expected = torch.compile(model, backend="inductor")(x)
+        torch._dynamo.reset()
+        inductor_pass.clear_reports()
+        _log_module_loads_and_waits(monkeypatch, fail_variant_wait=True)
+        f = torch.compile(model, backend="torch_replay")
+        assert torch.equal(f(x), expected)
+        assert torch.equal(f(x), expected)
+    (r,) = inductor_pass.reports()
+    assert set(r.variants) == {"default"}
+    assert any(
+        "reorder_for_peak_memory=False not compiled" in n and "injected kernel build" in n
+        for n in r.notes
+    ), r.notes
+
+
 # ---------------------------------------------------------------------------
 # Caches: a warm process reuses Inductor's caches and the pass's decisions
 # ---------------------------------------------------------------------------

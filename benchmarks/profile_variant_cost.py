@@ -1,0 +1,351 @@
+"""What the program variant costs at a cold compile, and what was tried to make it cheaper.
+
+Issue 12 asks for a cold compile within 1.25x of Inductor's while every graph is
+also compiled as Inductor's ``reorder_for_peak_memory=False`` program (Note
+[Program variants] in ``inductor_pass/variants.py``). This script measures, in
+one fresh process with an empty ``TORCHINDUCTOR_CACHE_DIR``:
+
+- per program (``default`` / ``variant``, told apart by the option's value at
+  the time), the wall seconds of Inductor's stages: lowering
+  (``GraphLowering.run``), scheduler construction (``Scheduler._init``),
+  scheduling and kernel code generation (``Scheduler.codegen``), wrapper code
+  generation (``GraphLowering.codegen``) and loading the module
+  (``PyCodeCache.load_by_key_path``, which waits for the C++ kernel compiles);
+- whether Inductor's reorder changed the node order of each graph, how many
+  C++ kernels each program has and how many kernel bodies the two programs
+  do not share (those are compiled twice);
+- an any-order lower bound from the scheduler's own buffer sizes (a buffer made
+  by an ancestor of node k and still needed by a descendant of k is live while
+  k runs, in every order, grouping and reuse of the same fused nodes), next to
+  the pass's measured peak of the default program: when the two are equal the
+  variant cannot be lower, so its compile could be skipped;
+- the first training step's wall time, and the CPU seconds of the process and
+  its reaped children (Inductor's compile workers are shut down first).
+
+``--experiment`` tries one way to make the variant cheaper (all were measured
+and rejected on the two-core machine, see ``benchmarks/results/compile_tv.md``):
+
+- ``defer-wait``: the variant module's kernel futures are not awaited while it
+  loads, but after the default program's compile (overlap of that compile's
+  Python work with the variant's C++ kernel compiles);
+- ``fork-codegen``: the variant's lowering and code generation run in a forked
+  child (one thread) while the parent compiles the default program; the parent
+  then loads the variant's source, compiling its kernels in its own pool;
+- ``variant-O0`` / ``variant-O1``: the variant's kernels compiled at -O0/-O1
+  (cheaper to build; would need a rebuild at -O3 when deployed);
+- ``subprocess``: Inductor's own out-of-process compile
+  (``_SubprocessFxCompile``), serialization only: prints whether Inductor can
+  send the graph to a subprocess at all.
+
+Run (torchvision models need the torch 2.14.1 environment):
+    TORCH_REPLAY_NO_CUDA=1 OMP_NUM_THREADS=1 python benchmarks/profile_variant_cost.py \\
+        --model tv:resnet18 [--backend inductor] [--experiment fork-codegen]
+Prints only. The experiments patch private Inductor functions of the torch they
+were written against (2.13 / 2.14); they are measurement aids, not product code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import copy
+import functools
+import os
+import pickle
+import re
+import resource
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+TIMES: dict[tuple[str, str], float] = collections.defaultdict(float)
+SOURCES: list[tuple[str, str]] = []
+NOTES: list[str] = []
+
+
+def _program() -> str:
+    from torch._inductor import config
+
+    return "default" if config.reorder_for_peak_memory else "variant"
+
+
+def _timed(owner, name: str, label: str) -> None:
+    fn = getattr(owner, name)
+
+    @functools.wraps(fn)
+    def timed(*args, **kwargs):
+        program, t0 = _program(), time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            TIMES[(program, label)] += time.perf_counter() - t0
+
+    setattr(owner, name, timed)
+
+
+def _any_order_bound(nodes, graph_outputs) -> int:
+    """Max over nodes k of the bytes live while k runs in every order (see the docstring)."""
+    index = {n: i for i, n in enumerate(nodes)}
+    anc = [0] * len(nodes)
+    for i, n in enumerate(nodes):
+        for p in n.mpi_node.pred_nodes:
+            if p in index:
+                anc[i] |= anc[index[p]] | (1 << index[p])
+    desc = [0] * len(nodes)
+    for i in reversed(range(len(nodes))):
+        for j in range(i + 1, len(nodes)):
+            if (anc[j] >> i) & 1:
+                desc[i] |= 1 << j
+    bufs = []
+    for n in nodes:
+        for b in n.get_outputs():
+            users = 0
+            for u in b.mpi_buffer.succ_nodes:
+                if u in index:
+                    users |= 1 << index[u]
+            bufs.append((index[n], b.mpi_buffer.size_alloc, users, b.get_name() in graph_outputs))
+    best = 0
+    for k in range(len(nodes)):
+        live = 0
+        for producer, size, users, is_output in bufs:
+            if producer == k or (
+                (anc[k] >> producer) & 1 and (is_output or users & (desc[k] | (1 << k)))
+            ):
+                live += size
+        best = max(best, live)
+    return best
+
+
+def _instrument() -> None:
+    from torch._inductor import codecache, graph, memory, scheduler
+
+    _timed(graph.GraphLowering, "run", "lowering")
+    _timed(scheduler.Scheduler, "_init", "scheduler init")
+    _timed(scheduler.Scheduler, "codegen", "scheduling + kernel codegen")
+    _timed(graph.GraphLowering, "codegen", "wrapper codegen (incl. the above)")
+    _timed(codecache.PyCodeCache, "load_by_key_path", "module load (C++ waits)")
+
+    load = codecache.PyCodeCache.load_by_key_path
+
+    def load_by_key_path(key, path, *args, **kwargs):
+        with open(path) as f:
+            SOURCES.append((_program(), f.read()))
+        return load(key, path, *args, **kwargs)
+
+    codecache.PyCodeCache.load_by_key_path = load_by_key_path
+    reorder = memory.reorder_for_peak_memory
+
+    def reorder_for_peak_memory(nodes, name_to_buf, name_to_fused, inputs, outputs, *a, **k):
+        out = reorder(nodes, name_to_buf, name_to_fused, inputs, outputs, *a, **k)
+        changed = [n.get_name() for n in out] != [n.get_name() for n in nodes]
+        try:
+            bound = _any_order_bound(nodes, outputs)
+        except Exception as exc:  # pragma: no cover - private API moved
+            bound = f"n/a ({type(exc).__name__})"
+        NOTES.append(
+            f"graph of {len(nodes)} fused nodes: reorder changed the order: {changed}; "
+            f"any-order bound from Inductor's buffer sizes: {bound} B"
+        )
+        return out
+
+    memory.reorder_for_peak_memory = reorder_for_peak_memory
+
+
+def _kernel_bodies(source: str) -> list[str]:
+    parts = re.split(r"\n\w+ = async_compile\.cpp_pybinding\(", source)
+    return [p.split("\n\n\n")[0] for p in parts[1:]]
+
+
+def _experiment(name: str) -> None:
+    import torch
+    from torch._inductor import config as inductor_config
+
+    from inductor_pass import backend
+
+    if name == "defer-wait":
+        from torch._inductor.async_compile import AsyncCompile
+
+        wait, pending = AsyncCompile.wait, []
+
+        def deferred(self, scope):
+            if getattr(backend._HOOK, "sink", None) is not None:
+                pending.append((self, scope))
+                return None
+            return wait(self, scope)
+
+        AsyncCompile.wait = deferred
+        inner = backend._inner_compile
+
+        def inner_compile(gm, example_inputs, **kw):
+            out = inner(gm, example_inputs, **kw)
+            while pending:
+                self, scope = pending.pop()
+                self._wait_futures(scope)
+            return out
+
+        backend._inner_compile = inner_compile
+    elif name == "fork-codegen":
+        from inductor_pass import variants
+
+        pending: list = []
+
+        def compile_variants(gm, example_inputs, kw, config):
+            from torch._inductor import codecache
+            from torch._inductor.compile_fx import compile_fx_inner
+
+            for vname, patch in variants.flipped_options(config.variants):
+                gm_copy = copy.deepcopy(gm)
+                r, w = os.pipe()
+                pid = os.fork()
+                if pid == 0:  # child: lowering and codegen only, one thread
+                    os.close(r)
+                    torch.set_num_threads(1)
+
+                    class Source(Exception):
+                        pass
+
+                    def grab(key, path, *a, **k):
+                        with open(path) as f:
+                            raise Source(f.read())
+
+                    codecache.PyCodeCache.load_by_key_path = grab
+                    result = ("error", "no source")
+                    try:
+                        with inductor_config.patch({**patch, "fx_graph_cache": False}):
+                            compile_fx_inner(gm_copy, example_inputs, **kw)
+                    except BaseException as exc:
+                        e = exc
+                        while e is not None and not isinstance(e, Source):
+                            e = e.__cause__ or e.__context__
+                        result = ("ok", e.args[0]) if e is not None else ("error", repr(exc))
+                    with os.fdopen(w, "wb") as f:
+                        f.write(pickle.dumps(result))
+                    os._exit(0)
+                os.close(w)
+                pending.append((vname, pid, r))
+            return [], []
+
+        inner = backend._inner_compile
+
+        def inner_compile(gm, example_inputs, **kw):
+            from torch._inductor.codecache import PyCodeCache
+
+            out = inner(gm, example_inputs, **kw)
+            armed = getattr(out, "current_callable", None)
+            while pending:
+                vname, pid, r = pending.pop()
+                with os.fdopen(r, "rb") as f:
+                    status, source = pickle.loads(f.read())
+                os.waitpid(pid, 0)
+                if status != "ok":
+                    NOTES.append(f"forked variant failed: {source}")
+                    continue
+                key, path = PyCodeCache.write(source)
+                with inductor_config.patch(reorder_for_peak_memory=False):
+                    mod = PyCodeCache.load_by_key_path(key, path)
+                if isinstance(armed, backend.FirstCallPass):
+                    armed.variants.append((vname, source, mod.__dict__, mod.call, None))
+            return out
+
+        backend._compile_variants = compile_variants
+        backend._inner_compile = inner_compile
+    elif name in ("variant-O0", "variant-O1"):
+        from torch._inductor import cpp_builder
+
+        flags, level = cpp_builder._get_optimization_cflags, name[-2:]
+
+        def optimization_cflags(*args, **kwargs):
+            cflags, ldflags = flags(*args, **kwargs)
+            if _program() == "variant":
+                cflags = [level if f == "O3" else f for f in cflags]
+            return cflags, ldflags
+
+        cpp_builder._get_optimization_cflags = optimization_cflags
+    elif name == "subprocess":
+        from torch._inductor.compile_fx import get_input_idxs_to_check
+        from torch._inductor.compile_fx_subproc import _SubprocessFxCompile
+
+        def compile_variants(gm, example_inputs, kw, config):
+            kw = dict(kw)
+            kw.setdefault("static_input_idxs", ())
+            checks = get_input_idxs_to_check(example_inputs, kw["static_input_idxs"])
+            with inductor_config.patch(
+                reorder_for_peak_memory=False, post_grad_custom_post_pass=None
+            ):
+                wire = _SubprocessFxCompile().serialize_compile(
+                    copy.deepcopy(gm), example_inputs, checks, kw
+                )
+            NOTES.append(f"Inductor's subprocess compile can take this graph: {wire is not None}")
+            return [], []
+
+        backend._compile_variants = compile_variants
+    elif name != "none":
+        raise SystemExit(f"unknown experiment {name!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="convnet", help="as in bench_compile.py")
+    ap.add_argument("--backend", default="torch_replay", choices=("torch_replay", "inductor"))
+    ap.add_argument("--tv-size", type=int, default=64)
+    ap.add_argument(
+        "--experiment",
+        default="none",
+        choices=("none", "defer-wait", "fork-codegen", "variant-O0", "variant-O1", "subprocess"),
+    )
+    args = ap.parse_args()
+    os.environ["BENCH_COMPILE_TV_SIZE"] = str(args.tv_size)
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="variant_cost_"))
+    t_start = time.perf_counter()
+    import torch
+    from bench_compile import _build
+    from torch._inductor.async_compile import shutdown_compile_workers
+
+    import inductor_pass
+
+    _instrument()
+    _experiment(args.experiment)
+    torch.set_num_threads(1)
+    model, inputs, train = _build(args.model)
+    if not train:
+        model.eval()
+    f = torch.compile(model, backend=args.backend)
+    t0 = time.perf_counter()
+    if train:
+        f(*inputs).float().pow(2).sum().backward()
+    else:
+        with torch.no_grad():
+            f(*inputs)
+    step = time.perf_counter() - t0
+    shutdown_compile_workers()
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(
+        f"{args.model} {args.backend} experiment={args.experiment}: first step {step:.1f} s; "
+        f"process wall {time.perf_counter() - t_start:.1f} s, CPU {own.ru_utime + own.ru_stime:.1f}"
+        f" s + children {kids.ru_utime + kids.ru_stime:.1f} s"
+    )
+    for (program, label), seconds in sorted(TIMES.items()):
+        print(f"  {program:8s} {label:36s} {seconds:6.2f} s")
+    for note in NOTES:
+        print(f"  {note}")
+    by_program: dict[str, list[list[str]]] = collections.defaultdict(list)
+    for program, source in SOURCES:
+        by_program[program].append(_kernel_bodies(source))
+    for i, (d, v) in enumerate(zip(by_program["default"], by_program["variant"], strict=False)):
+        print(
+            f"  graph {i}: C++ kernels default {len(d)}, variant {len(v)}; bodies only in the "
+            f"default {len(set(d) - set(v))}, only in the variant {len(set(v) - set(d))}"
+        )
+    for r in inductor_pass.reports():
+        peaks = {k: v.get("measured_permuted_peak") for k, v in r.variants.items()}
+        chosen = r.measured_permuted_peak if r.deployed else r.measured_original_peak
+        print(f"  {r.kind}: measured peak of the deployed program {chosen} B; per program {peaks}")
+
+
+if __name__ == "__main__":
+    main()
