@@ -14,20 +14,21 @@ one fresh process with an empty ``TORCHINDUCTOR_CACHE_DIR``:
 - whether Inductor's reorder changed the node order of each graph, how many
   C++ kernels each program has and how many kernel bodies the two programs
   do not share (those are compiled twice);
-- an any-order lower bound from the scheduler's own buffer sizes (a buffer made
-  by an ancestor of node k and still needed by a descendant of k is live while
-  k runs, in every order, grouping and reuse of the same fused nodes), next to
-  the pass's measured peak of the default program: when the two are equal the
-  variant cannot be lower, so its compile could be skipped;
+- an any-order lower bound over the default program's fused nodes with the
+  pass's measured sizes (a buffer made by an ancestor of node k and still
+  needed by a descendant of k is live while k runs, in every order, grouping
+  and reuse of the same fused nodes), next to the default program's deployed
+  peak: were the two equal, no variant could be lower and its compile could be
+  skipped;
 - the first training step's wall time, and the CPU seconds of the process and
   its reaped children (Inductor's compile workers are shut down first).
 
-``--experiment`` tries one way to make the variant cheaper (all were measured
-and rejected on the two-core machine, see ``benchmarks/results/compile_tv.md``):
+``--experiment`` changes how the variant is built (see
+``benchmarks/results/compile_tv.md`` for what each gave on the two-core machine):
 
-- ``defer-wait``: the variant module's kernel futures are not awaited while it
-  loads, but after the default program's compile (overlap of that compile's
-  Python work with the variant's C++ kernel compiles);
+- ``no-defer``: the variant's kernel wait where Inductor does it, at its module
+  load, instead of after the default program's code generation (Note
+  [Deferred variant kernels] in ``inductor_pass/backend.py``);
 - ``fork-codegen``: the variant's lowering and code generation run in a forked
   child (one thread) while the parent compiles the default program; the parent
   then loads the variant's source, compiling its kernels in its own pool;
@@ -65,6 +66,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 TIMES: dict[tuple[str, str], float] = collections.defaultdict(float)
 SOURCES: list[tuple[str, str]] = []
 NOTES: list[str] = []
+DAGS: list[dict] = []
+PROFILES: list = []
 
 
 def _program() -> str:
@@ -87,36 +90,92 @@ def _timed(owner, name: str, label: str) -> None:
     setattr(owner, name, timed)
 
 
-def _any_order_bound(nodes, graph_outputs) -> int:
-    """Max over nodes k of the bytes live while k runs in every order (see the docstring)."""
-    index = {n: i for i, n in enumerate(nodes)}
-    anc = [0] * len(nodes)
-    for i, n in enumerate(nodes):
-        for p in n.mpi_node.pred_nodes:
-            if p in index:
-                anc[i] |= anc[index[p]] | (1 << index[p])
-    desc = [0] * len(nodes)
-    for i in reversed(range(len(nodes))):
-        for j in range(i + 1, len(nodes)):
-            if (anc[j] >> i) & 1:
-                desc[i] |= 1 << j
-    bufs = []
-    for n in nodes:
-        for b in n.get_outputs():
-            users = 0
-            for u in b.mpi_buffer.succ_nodes:
-                if u in index:
-                    users |= 1 << index[u]
-            bufs.append((index[n], b.mpi_buffer.size_alloc, users, b.get_name() in graph_outputs))
+def _capture_dag(scheduler_obj) -> dict:
+    """The fused nodes of the default program as its scheduler has them (order, users, inputs)."""
+    from torch._inductor.virtualized import V
+
+    outputs = set(V.graph.get_output_names())
+    nodes = []
+    for n in scheduler_obj.nodes:
+        bufs = [
+            (
+                b.get_name(),
+                [u.node.get_name() if hasattr(u.node, "get_name") else "OUTPUT" for u in b.users],
+                b.get_name() in outputs,
+            )
+            for b in n.get_outputs()
+        ]
+        reads = {d.name for d in n.read_writes.reads}
+        nodes.append(
+            {
+                "name": n.get_name(),
+                "anc": set(n.ancestors),
+                "extern": n.is_extern(),
+                "bufs": bufs,
+                "reads": reads,
+            }
+        )
+    input_users = {
+        name: [nd["name"] for nd in nodes if name in nd["reads"]] for name in V.graph.graph_inputs
+    }
+    return {
+        "nodes": nodes,
+        "input_users": input_users,
+        "input_is_output": {name: name in outputs for name in V.graph.graph_inputs},
+    }
+
+
+def _needed(users: list[str], is_output: bool, node: dict, descendants: set[str]) -> bool:
+    """Whether a buffer is live while ``node`` runs (given that an ancestor made it)."""
+    if is_output or any(u in descendants for u in users):
+        return True
+    return node["extern"] and node["name"] in users  # an extern kernel holds its inputs
+
+
+def _any_order_bound(dag: dict, model) -> int:
+    """Bytes live while some node runs, in every order, grouping and reuse of these fused nodes.
+
+    Uses the pass's measured storage sizes (``ProgramModel``) of the default
+    program: while node k runs, a buffer made by an ancestor of k (or an input
+    the call owns) that is a graph output or still needed by a descendant of k
+    is live, and so are k's own outputs (an extern kernel's transient bytes
+    instead when larger, and its inputs). Names the default program does not
+    materialise count nothing.
+    """
+    nodes = dag["nodes"]
+    index = {nd["name"]: i for i, nd in enumerate(nodes)}
+    desc: list[set[str]] = [set() for _ in nodes]
+    for nd in nodes:
+        for a in nd["anc"]:
+            if a in index:
+                desc[index[a]].add(nd["name"])
+    unit_of = {d: st.index for st in model.wrapper.region for d in st.defines}
+
+    def storages(name: str) -> set[int]:
+        return {s for s in model.name_storages.get(name, ()) if model.counted(s)}
+
     best = 0
-    for k in range(len(nodes)):
-        live = 0
-        for producer, size, users, is_output in bufs:
-            if producer == k or (
-                (anc[k] >> producer) & 1 and (is_output or users & (desc[k] | (1 << k)))
-            ):
-                live += size
-        best = max(best, live)
+    for k, nd in enumerate(nodes):
+        live: set[int] = set()
+
+        for other in nodes:
+            if other["name"] in nd["anc"]:
+                for name, users, is_output in other["bufs"]:
+                    if _needed(users, is_output, nd, desc[k]):
+                        live |= storages(name)
+        for name, users in dag["input_users"].items():
+            if _needed(users, dag["input_is_output"][name], nd, desc[k]):
+                live |= storages(name)
+        own: set[int] = set()
+        for name, _users, _out in nd["bufs"]:
+            own |= storages(name)
+        own -= live
+        extra = sum(model.sizes[s] for s in own)
+        if nd["extern"]:
+            units = [unit_of[name] for name, _u, _o in nd["bufs"] if name in unit_of]
+            if units:
+                extra = max(extra, model.transient[units[-1]])
+        best = max(best, sum(model.sizes[s] for s in live) + extra)
     return best
 
 
@@ -139,20 +198,34 @@ def _instrument() -> None:
     codecache.PyCodeCache.load_by_key_path = load_by_key_path
     reorder = memory.reorder_for_peak_memory
 
-    def reorder_for_peak_memory(nodes, name_to_buf, name_to_fused, inputs, outputs, *a, **k):
-        out = reorder(nodes, name_to_buf, name_to_fused, inputs, outputs, *a, **k)
+    def reorder_for_peak_memory(nodes, *args, **kwargs):
+        out = reorder(nodes, *args, **kwargs)
         changed = [n.get_name() for n in out] != [n.get_name() for n in nodes]
-        try:
-            bound = _any_order_bound(nodes, outputs)
-        except Exception as exc:  # pragma: no cover - private API moved
-            bound = f"n/a ({type(exc).__name__})"
-        NOTES.append(
-            f"graph of {len(nodes)} fused nodes: reorder changed the order: {changed}; "
-            f"any-order bound from Inductor's buffer sizes: {bound} B"
-        )
+        NOTES.append(f"graph of {len(nodes)} fused nodes: reorder changed the order: {changed}")
         return out
 
     memory.reorder_for_peak_memory = reorder_for_peak_memory
+    codegen = scheduler.Scheduler.codegen
+
+    def scheduler_codegen(self):
+        if _program() == "default":
+            try:
+                DAGS.append(_capture_dag(self))
+            except Exception as exc:  # pragma: no cover - private API moved
+                DAGS.append({"error": f"{type(exc).__name__}: {exc}"})
+        return codegen(self)
+
+    scheduler.Scheduler.codegen = scheduler_codegen
+    from inductor_pass import rewrite
+
+    profile = rewrite.profile_program
+
+    def profile_program(*args, **kwargs):
+        out = profile(*args, **kwargs)
+        PROFILES.append(out)
+        return out
+
+    rewrite.profile_program = profile_program
 
 
 def _kernel_bodies(source: str) -> list[str]:
@@ -166,28 +239,8 @@ def _experiment(name: str) -> None:
 
     from inductor_pass import backend
 
-    if name == "defer-wait":
-        from torch._inductor.async_compile import AsyncCompile
-
-        wait, pending = AsyncCompile.wait, []
-
-        def deferred(self, scope):
-            if getattr(backend._HOOK, "sink", None) is not None:
-                pending.append((self, scope))
-                return None
-            return wait(self, scope)
-
-        AsyncCompile.wait = deferred
-        inner = backend._inner_compile
-
-        def inner_compile(gm, example_inputs, **kw):
-            out = inner(gm, example_inputs, **kw)
-            while pending:
-                self, scope = pending.pop()
-                self._wait_futures(scope)
-            return out
-
-        backend._inner_compile = inner_compile
+    if name == "no-defer":  # the variant's kernel wait where Inductor does it
+        backend._install_wait_hook = lambda: False
     elif name == "fork-codegen":
         from inductor_pass import variants
 
@@ -295,7 +348,7 @@ def main() -> None:
     ap.add_argument(
         "--experiment",
         default="none",
-        choices=("none", "defer-wait", "fork-codegen", "variant-O0", "variant-O1", "subprocess"),
+        choices=("none", "no-defer", "fork-codegen", "variant-O0", "variant-O1", "subprocess"),
     )
     args = ap.parse_args()
     os.environ["BENCH_COMPILE_TV_SIZE"] = str(args.tv_size)
@@ -341,10 +394,23 @@ def main() -> None:
             f"  graph {i}: C++ kernels default {len(d)}, variant {len(v)}; bodies only in the "
             f"default {len(set(d) - set(v))}, only in the variant {len(set(v) - set(d))}"
         )
-    for r in inductor_pass.reports():
+    programs = iter(PROFILES)
+    for i, r in enumerate(inductor_pass.reports()):
         peaks = {k: v.get("measured_permuted_peak") for k, v in r.variants.items()}
         chosen = r.measured_permuted_peak if r.deployed else r.measured_original_peak
         print(f"  {r.kind}: measured peak of the deployed program {chosen} B; per program {peaks}")
+        default = next(programs, None)  # the default program is profiled first ...
+        for _ in range(len(r.variants) - 1):  # ... then each variant
+            next(programs, None)
+        dag = DAGS[i] if i < len(DAGS) else {"error": "not captured"}
+        if "error" in dag or default is None or default.model is None or chosen is None:
+            print(f"    any-order bound: n/a ({dag.get('error', 'no model')})")
+            continue
+        bound = _any_order_bound(dag, default.model)
+        print(
+            f"    any-order bound over {len(dag['nodes'])} fused nodes, measured sizes: {bound} B "
+            f"({chosen - bound} B below the deployed default; equal would prove no variant lower)"
+        )
 
 
 if __name__ == "__main__":
