@@ -269,6 +269,96 @@ def _install_wait_hook() -> bool:
         return True
 
 
+def _install_lazy_hook() -> bool:
+    """Wrap ``AsyncCompile.cpp_pybinding`` once per process (probed); False if absent.
+
+    Note [Lazy variant kernels]
+    A variant's C++ kernels are most of its cost at a cold compile (issue 12:
+    about one second of CPU per kernel body the default program does not
+    share), and most variants are never deployed. So while a variant's module
+    loads (``_HOOK.lazy`` is set by :func:`_compile_variants` for this thread
+    only) each ``cpp_pybinding`` kernel becomes a :class:`_LazyKernel`: not
+    submitted to the compile workers until :func:`force_kernels` asks for it,
+    at the first call, once Note [Variant bound] has not ruled the variant out.
+    A lazy kernel that is called before that (the module is Inductor's, shared
+    through its code cache) builds itself first, so a caller never sees the
+    difference. Kernels are built under the Inductor configuration of the
+    variant's compile, as Inductor would have built them then.
+    """
+    try:
+        from torch._inductor.async_compile import AsyncCompile
+    except Exception:
+        return False
+    with _HOOK_LOCK:
+        current = AsyncCompile.__dict__.get("cpp_pybinding")
+        if current is None:
+            return False
+        if getattr(current, "_torch_replay_hook", False):
+            return True
+        original = current
+
+        @functools.wraps(original)
+        def cpp_pybinding(self: Any, *args: Any, **kwargs: Any) -> Any:
+            settings = getattr(_HOOK, "lazy", None)
+            if settings is not None:
+                return _LazyKernel(functools.partial(original, self, *args, **kwargs), settings)
+            return original(self, *args, **kwargs)
+
+        cpp_pybinding._torch_replay_hook = True  # type: ignore[attr-defined]
+        AsyncCompile.cpp_pybinding = cpp_pybinding
+        return True
+
+
+class _LazyKernel:
+    """A variant's C++ kernel, built when first needed (Note [Lazy variant kernels])."""
+
+    __slots__ = ("_build", "_settings", "_pending", "_kernel", "_lock")
+
+    def __init__(self, build: Any, settings: dict[str, Any]) -> None:
+        self._build = build
+        self._settings = settings
+        self._pending: Any = None
+        self._kernel: Any = None
+        self._lock = threading.Lock()
+
+    def submit(self) -> None:
+        """Hand the kernel to Inductor's compile workers (once)."""
+        with self._lock:
+            if self._kernel is None and self._pending is None:
+                from torch._inductor import config as inductor_config
+
+                with inductor_config.patch(self._settings):
+                    self._pending = self._build()
+
+    def result(self) -> Any:
+        """The built kernel (waits for it)."""
+        self.submit()
+        with self._lock:
+            if self._kernel is None:
+                pending, self._pending = self._pending, None
+                self._kernel = pending.result() if hasattr(pending, "result") else pending
+            return self._kernel
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.result()(*args, **kwargs)
+
+
+def force_kernels(scope: dict[str, Any] | None) -> int:
+    """Build every lazy kernel of a module's globals, in parallel; returns how many.
+
+    Raises:
+        Exception: A kernel failed to build (the scope keeps the others lazy).
+    """
+    if not scope:
+        return 0
+    lazy = {k: v for k, v in scope.items() if isinstance(v, _LazyKernel)}
+    for kernel in lazy.values():
+        kernel.submit()
+    for name, kernel in lazy.items():
+        scope[name] = kernel.result()
+    return len(lazy)
+
+
 def _resolve_deferred() -> dict[int, str]:
     """Do the waits deferred by Note [Deferred variant kernels]; never raises.
 
@@ -378,6 +468,8 @@ def _compile_variants(gm, example_inputs, kw, config: PassConfig):
             if _install_wait_hook():
                 _HOOK.defer = deferred  # Note [Deferred variant kernels]
             with inductor_config.patch(patch):
+                if config.variant_bound and _install_lazy_hook():
+                    _HOOK.lazy = inductor_config.get_config_copy()  # Note [Lazy variant kernels]
                 compile_fx_inner(gm_copy, example_inputs, **kw)
         except Exception as exc:
             notes.append(f"variant {name} not compiled: {type(exc).__name__}: {exc}")
@@ -386,6 +478,7 @@ def _compile_variants(gm, example_inputs, kw, config: PassConfig):
         finally:
             _HOOK.sink = previous
             _HOOK.defer = None
+            _HOOK.lazy = None
             if saved is not None and strides is not None:
                 strides[:] = saved
         _HOOK.deferred.extend(deferred)

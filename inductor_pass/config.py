@@ -40,6 +40,11 @@ class PassConfig:
     """Boolean Inductor options to flip, one at a time, to compile alternative programs of
     each graph; the lowest byte-exact one is deployed (Note [Program variants] in
     ``inductor_pass/variants.py``). ``()``: only Inductor's default program."""
+    variant_bound: bool = True
+    """Build a variant's C++ kernels only when needed, and skip a variant whose lower bound,
+    from its source and the default program's profile, is not below the default's deployed
+    peak (Note [Variant bound] in ``inductor_pass/variant_bound.py``). False: every variant
+    is built while the default compiles and run through the pass."""
     decision_cache: bool = True
     """Cache each graph's decision on disk, keyed by the wrapper's source, the pass and
     the call (Note [Decision cache] in ``inductor_pass/decision_cache.py``)."""

@@ -97,7 +97,7 @@ class FirstCallPass:
         from inductor_pass import variants
         from inductor_pass.rewrite import optimize_wrapper
 
-        def candidate(name, src, glb, call, parts) -> variants.Candidate:
+        def candidate(name, src, glb, call, parts, keep=None) -> variants.Candidate:
             rep, new_call, _ = optimize_wrapper(
                 src,
                 glb,
@@ -107,6 +107,7 @@ class FirstCallPass:
                 config=config,
                 kind=kind,
                 owned=owned,
+                keep=keep,
             )
             return variants.Candidate(
                 name=name,
@@ -119,14 +120,23 @@ class FirstCallPass:
 
         if not self.variants and config.variants:
             self._load_variants(source, config)
-        cands = [candidate("default", source, glob, self.impl, partitions)]
+        kept: dict[str, Any] = {}
+        cands = [candidate("default", source, glob, self.impl, partitions, kept)]
         rep = cands[0].report
         same: list[str] = []
+        ruled_out: dict[str, dict[str, object]] = {}
         for name, src, glb, call, parts in self.variants:
             if src == source:  # the flipped option changed nothing: one program, one pass
                 same.append(name)
                 continue
             try:
+                out = self._rule_out(name, src, glb, cands[0], kept.get("profiled"), config)
+                if out is not None:
+                    ruled_out[name] = out
+                    continue
+                from inductor_pass.backend import force_kernels
+
+                force_kernels(glb)  # Note [Lazy variant kernels]
                 cands.append(candidate(name, src, glb, call, parts))
             except Exception as exc:  # a variant is an option; never fatal
                 self.variant_notes.append(f"variant {name} failed: {type(exc).__name__}: {exc}")
@@ -142,6 +152,7 @@ class FirstCallPass:
             except Exception as exc:  # a variant is an option; never fatal
                 best, why = cands[0], f"variant choice failed ({type(exc).__name__}: {exc})"
         rep.variants = {c.name: variants.summary(c.report) for c in cands}
+        rep.variants.update(ruled_out)
         for name in same:
             rep.variants[name] = dict(rep.variants["default"])
             self.variant_notes.append(f"variant {name} is the default program (same source)")
@@ -168,6 +179,30 @@ class FirstCallPass:
         elif best.chosen is not best.original:
             self._next = best.chosen
         return rep, entry
+
+    def _rule_out(self, name, src, glb, default, profiled, config) -> dict[str, object] | None:
+        """The report entry of a variant Note [Variant bound] rules out, else None."""
+        from inductor_pass import variant_bound, variants
+        from inductor_pass.rewrite import _resolver
+
+        peak = default.peak
+        model = getattr(profiled, "model", None)
+        if not config.variant_bound or peak is None or model is None:
+            return None
+        if default.report.device != "cpu" or config.recompute:
+            return None  # variants are chosen on CPU; recomputation is no permutation
+        bound, why = variant_bound.variant_bound(
+            src, model, _resolver(glb or {}), time_limit_s=config.time_limit_s
+        )
+        if bound is None or bound < peak:
+            if bound is None:
+                self.variant_notes.append(f"variant {name}: no static bound, run ({why})")
+            return None
+        reason = (
+            f"not built or run: {why} is {bound} B, not below the default's deployed peak {peak} B"
+        )
+        self.variant_notes.append(f"variant {name} {reason}")
+        return variants.summary(GraphReport(lower_bound=bound, reason=reason))
 
     def _load_variants(self, source: str, config: PassConfig) -> None:
         """Variant programs of a graph loaded from AOTAutograd's cache (Note [Decision cache])."""

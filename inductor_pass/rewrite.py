@@ -57,6 +57,7 @@ def optimize_wrapper(
     config: PassConfig,
     kind: str = "inference",
     owned: Sequence[bool] | None = None,
+    keep: dict[str, Any] | None = None,
 ) -> tuple[GraphReport, Callable[[list[Any]], Any] | None, Any]:
     """Run the pass on one wrapper and decide whether to deploy the permuted program.
 
@@ -73,6 +74,8 @@ def optimize_wrapper(
         owned: Per input, whether the call owns it (from
             :func:`inductor_pass.guard.input_ownership` at the first real
             call); None: the caller holds every input.
+        keep: When given, ``keep["profiled"]`` receives the profile stage's
+            :class:`~inductor_pass.profile.Profiled` (Note [Variant bound]).
 
     Returns:
         ``(report, call, runner)``: ``call`` is the permuted program's callable
@@ -114,6 +117,8 @@ def optimize_wrapper(
         )
     except guard.DynamicShapes as exc:
         return done(f"left unchanged: dynamic shapes ({exc}); a peak is certified per size")
+    if keep is not None:
+        keep["profiled"] = prof
     rep.owned_inputs = sum(prof.owned)
     rep.num_inputs = sum(isinstance(x, torch.Tensor) for x in prof.inputs)
     rep.device = prof.device

@@ -21,6 +21,11 @@ caller holds them all). So the deployed program is never above the best
 variant's, and never above the default. Every variant's peaks and bounds are
 in the report (``GraphReport.variants``). A variant whose source is the default
 program's is not run through the pass again (the default's figures are copied).
+A variant's C++ kernels are built only when it is run (Note [Lazy variant
+kernels] in ``inductor_pass/backend.py``), and it is not run when its lower
+bound, from its source and the default's profile, is not below the default's
+deployed peak (Note [Variant bound] in ``inductor_pass/variant_bound.py``):
+then its report entry has that bound and no peaks.
 """
 
 from __future__ import annotations

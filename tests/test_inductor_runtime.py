@@ -471,11 +471,14 @@ def _log_module_loads_and_waits(monkeypatch, fail_variant_wait=False):
     return events
 
 
-def test_variant_kernels_build_while_the_default_program_is_generated(monkeypatch):
+def test_variant_kernels_build_while_the_default_program_is_generated(monkeypatch, request):
     # Note [Deferred variant kernels]: the variant's kernel wait comes after the
-    # default program's module is loaded, and the variant still takes part.
+    # default program's module is loaded, and the variant still takes part
+    # (kernels built at compile time: without Note [Lazy variant kernels]).
     from torch._inductor import config as inductor_config
 
+    old = inductor_pass.set_config(variant_bound=False)
+    request.addfinalizer(lambda: inductor_pass.set_config(old))
     ns: dict = {}
     exec(_MIXER_SRC, ns)  # noqa: S102 - the test's own model source
     model, x = ns["mixer_and_input"]()
@@ -495,9 +498,11 @@ def test_variant_kernels_build_while_the_default_program_is_generated(monkeypatc
     assert r.variants["reorder_for_peak_memory=False"]["byte_exact"] is True
 
 
-def test_variant_whose_kernels_fail_to_build_is_dropped_with_a_note(monkeypatch):
+def test_variant_whose_kernels_fail_to_build_is_dropped_with_a_note(monkeypatch, request):
     from torch._inductor import config as inductor_config
 
+    old = inductor_pass.set_config(variant_bound=False)  # built at compile time
+    request.addfinalizer(lambda: inductor_pass.set_config(old))
     ns: dict = {}
     exec(_MIXER_SRC, ns)  # noqa: S102 - the test's own model source
     model, x = ns["mixer_and_input"]()
@@ -515,6 +520,201 @@ def test_variant_whose_kernels_fail_to_build_is_dropped_with_a_note(monkeypatch)
         "reorder_for_peak_memory=False not compiled" in n and "injected kernel build" in n
         for n in r.notes
     ), r.notes
+
+
+# ---------------------------------------------------------------------------
+# Note [Variant bound] and Note [Lazy variant kernels]
+# ---------------------------------------------------------------------------
+
+
+class ConvNet(torch.nn.Module):
+    """Conv-BN-ReLU blocks with a residual: training graphs with extern and C++ kernels."""
+
+    def __init__(self, width=8, blocks=2):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, width, 3, padding=1)
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(
+                torch.nn.Conv2d(width, width, 3, padding=1),
+                torch.nn.BatchNorm2d(width),
+                torch.nn.ReLU(),
+                torch.nn.Conv2d(width, width, 3, padding=1),
+                torch.nn.BatchNorm2d(width),
+            )
+            for _ in range(blocks)
+        )
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        for b in self.blocks:
+            x = torch.relu(x + b(x))
+        x = torch.nn.functional.max_pool2d(x, 2)
+        return self.head(x.mean((2, 3))).logsumexp(1).sum()
+
+
+def _record_static_bounds(monkeypatch, rule_out: bool):
+    """Log every static variant bound; with ``rule_out=False`` every variant still runs."""
+    from inductor_pass import variant_bound
+
+    seen: list[tuple[int | None, str]] = []
+    real = variant_bound.variant_bound
+
+    def spy(*args, **kwargs):
+        bound, why = real(*args, **kwargs)
+        seen.append((bound, why))
+        return (bound, why) if rule_out else (None, "test: run the variant anyway")
+
+    monkeypatch.setattr(variant_bound, "variant_bound", spy)
+    return seen
+
+
+def _count_lazy_builds(monkeypatch):
+    from inductor_pass import backend
+
+    built: list[int] = []
+    submit = backend._LazyKernel.submit
+
+    def counted(self):
+        built.append(1)
+        return submit(self)
+
+    monkeypatch.setattr(backend._LazyKernel, "submit", counted)
+    return built
+
+
+_BOUND_CASES = {
+    "convnet": lambda: (ConvNet(), (torch.randn(2, 3, 16, 16),)),
+    "segments": lambda: (
+        SegmentNet(1000, 32, 4096, 16),
+        (torch.randint(0, 1000, (512,)), torch.randint(0, 4096, (512,))),
+    ),
+    "mixer": lambda: _mixer_training(),
+}
+
+
+class _Summed(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x).sum()
+
+
+def _mixer_training():
+    ns: dict = {}
+    exec(_MIXER_SRC, ns)  # noqa: S102 - the test's own model source
+    model, x = ns["mixer_and_input"]()
+    return _Summed(model.train()), (x,)
+
+
+@pytest.mark.parametrize("case", sorted(_BOUND_CASES))
+def test_static_variant_bound_is_at_most_the_profiled_bound(case, monkeypatch, one_thread):
+    # The independent reference: the pass run on the variant's built kernels
+    # (profiled effects and sizes) gives the variant's own lower bound; the
+    # static bound, from its source and the default's profile, never exceeds it.
+    torch.manual_seed(0)
+    model, inputs = _BOUND_CASES[case]()
+    seen = _record_static_bounds(monkeypatch, rule_out=False)
+    inductor_pass.clear_reports()
+    _real_step(model, inputs, "torch_replay")
+    reps = inductor_pass.reports()
+    checked = 0
+    for r in reps:
+        v = r.variants.get("reorder_for_peak_memory=False")
+        if v is None or v["lower_bound"] is None or "same source" in " ".join(r.notes):
+            continue
+        assert seen, r.notes
+        bound, why = seen.pop(0)
+        assert bound is not None, why
+        assert bound <= v["lower_bound"], (r.kind, bound, v)
+        checked += 1
+    assert checked >= 1, [r.notes for r in reps]
+
+
+def test_variant_ruled_out_by_its_bound_is_never_built(monkeypatch, one_thread):
+    torch.manual_seed(0)
+    model, inputs = _BOUND_CASES["convnet"]()
+    peak_on, loss_on, grads_on = _real_step(model, inputs, "inductor")
+    from torch._inductor import config as inductor_config
+
+    with inductor_config.patch(reorder_for_peak_memory=False):
+        peak_off, _, _ = _real_step(model, inputs, "inductor")
+    built = _count_lazy_builds(monkeypatch)
+    inductor_pass.clear_reports()
+    peak, loss, grads = _real_step(model, inputs, "torch_replay")
+    assert torch.equal(loss, loss_on)
+    for a, b in zip(grads, grads_on, strict=True):
+        assert torch.equal(a, b)
+    # Measured around the user's calls: never above either Inductor program.
+    assert peak <= min(peak_on, peak_off), (peak, peak_on, peak_off)
+    ruled = []
+    for r in inductor_pass.reports():
+        v = r.variants["reorder_for_peak_memory=False"]
+        if v["reason"].startswith("not built or run"):
+            deployed = r.measured_permuted_peak if r.deployed else r.measured_original_peak
+            assert v["lower_bound"] >= deployed, (v, deployed)
+            assert v["measured_original_peak"] is None
+            ruled.append(r.kind)
+    assert ruled, [r.notes for r in inductor_pass.reports()]
+    # Both graphs' variants are ruled out here, so no variant kernel was built.
+    assert set(ruled) == {"forward", "backward"} and built == [], (ruled, len(built))
+
+
+def test_lazy_variant_kernel_builds_itself_when_called():
+    from torch._inductor.async_compile import AsyncCompile
+
+    from inductor_pass import backend
+
+    src = textwrap.dedent(
+        """
+        #include <cstdint>
+        extern "C" void kernel(const float* in_ptr0, float* out_ptr0, int64_t n)
+        {
+            for (int64_t i = 0; i < n; ++i) out_ptr0[i] = 3.0f * in_ptr0[i] + 1.0f;
+        }
+        """
+    )
+    assert backend._install_lazy_hook()
+    from torch._inductor import config as inductor_config
+
+    backend._HOOK.lazy = inductor_config.get_config_copy()
+    try:
+        k = AsyncCompile().cpp_pybinding(["const float*", "float*", "int64_t"], src)
+    finally:
+        backend._HOOK.lazy = None
+    assert isinstance(k, backend._LazyKernel)
+    x, out = torch.randn(37), torch.empty(37)
+    k(x, out, 37)  # built on demand
+    assert torch.equal(out, 3.0 * x + 1.0)
+    scope = {"kernel": k, "other": 1}
+    assert backend.force_kernels(scope) == 1 and not isinstance(
+        scope["kernel"], backend._LazyKernel
+    )
+
+
+def test_variant_whose_lazy_kernels_fail_to_build_is_dropped_with_a_note(monkeypatch):
+    from inductor_pass import backend
+
+    ns: dict = {}
+    exec(_MIXER_SRC, ns)  # noqa: S102 - the test's own model source
+    model, x = ns["mixer_and_input"]()
+    with torch.no_grad():
+        expected = torch.compile(model, backend="inductor")(x)
+        torch._dynamo.reset()
+        inductor_pass.clear_reports()
+
+        def fail(self):
+            raise RuntimeError("injected lazy kernel build failure")
+
+        monkeypatch.setattr(backend._LazyKernel, "submit", fail)
+        f = torch.compile(model, backend="torch_replay")
+        assert torch.equal(f(x), expected)
+        assert torch.equal(f(x), expected)
+    (r,) = inductor_pass.reports()
+    assert set(r.variants) == {"default"}
+    assert any("injected lazy kernel build failure" in n for n in r.notes), r.notes
 
 
 # ---------------------------------------------------------------------------
