@@ -82,7 +82,8 @@ class TorchReplayPass(_PassBase):  # type: ignore[misc,valid-type]
             h.update(name.encode())
             h.update(text)
         cfg = {k: getattr(self.config, k) for k in self.config.__slots__}  # type: ignore[attr-defined]
-        for key in ("report", "dump_dir", "decision_cache"):  # do not change programs
+        # These do not change any program (a variant is only skipped when it cannot win).
+        for key in ("report", "dump_dir", "decision_cache", "variant_bound", "fork_variants"):
             cfg.pop(key, None)
         h.update(repr(sorted(cfg.items())).encode())
         if self.chained is not None:
@@ -391,14 +392,59 @@ def _armed(config: PassConfig) -> Iterator[bool]:
 def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: PassConfig, **kw):
     from torch._inductor.compile_fx import compile_fx_inner
 
+    from inductor_pass import variant_fork
+
     kind = _kind(kw)
     _HOOK.deferred, _HOOK.failed_variants = [], {}
+    options = _variant_options(example_inputs, _config)
+    forked: list[variant_fork.Forked] = []
+    pristine = None
+    notes: list[str] = []
     try:
-        alternatives, notes = _compile_variants(gm, example_inputs, kw, _config)
+        if options and _config.fork_variants:  # Note [Forked variant codegen]
+            why = variant_fork.fork_reason(example_inputs)
+            if why is None:
+                pristine = copy.deepcopy(gm)  # for a variant the child fails to make
+                for name, patch in options:
+                    try:
+                        forked.append(
+                            variant_fork.start(
+                                gm, example_inputs, kw, name, patch, _config.inject_failure
+                            )
+                        )
+                    except OSError as exc:
+                        notes.append(f"variant {name} not forked ({exc}): compiled here")
+            else:
+                notes.append(f"variants compiled in this process: {why}")
+        here = [o for o in options if o[0] not in {f.name for f in forked}]
+        alternatives, more = _compile_variants(gm, example_inputs, kw, _config, here)
+        notes += more
         _HOOK.last_armed = None
         with _armed(_config) as hooked:
             out = compile_fx_inner(gm, example_inputs, **kw)
+        default_glob = None
+        with contextlib.suppress(Exception):
+            default_glob = _module_parts(out)[0]
+        retry = []
+        while forked:
+            f = forked.pop(0)
+            got, why = variant_fork.collect(f, default_glob, lazy=_config.variant_bound)
+            if got is not None:
+                alternatives.append(got)
+            elif why.startswith("retry"):
+                notes.append(f"variant {f.name}: {why.removeprefix('retry: ')}; compiled here")
+                retry.append((f.name, f.patch))
+            else:
+                notes.append(f"variant {f.name} not used: {why.removeprefix('drop: ')}")
+        if retry and pristine is not None:
+            last = _HOOK.last_armed
+            got_here, more = _compile_variants(pristine, example_inputs, kw, _config, retry)
+            alternatives += got_here
+            notes += more
+            _HOOK.last_armed = last
     finally:
+        for f in forked:  # the default compile failed: the children are not wanted
+            variant_fork.abandon(f)
         failed = {**_HOOK.failed_variants, **_resolve_deferred()}
         _HOOK.failed_variants = {}
     for name, _src, glob, *_ in [a for a in alternatives if id(a[2]) in failed]:
@@ -431,11 +477,25 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
     return out
 
 
-def _compile_variants(gm, example_inputs, kw, config: PassConfig):
-    """Compile the graph's alternative programs (Note [Program variants]).
+def _variant_options(example_inputs, config: PassConfig) -> list[tuple[str, dict[str, bool]]]:
+    """``(name, Inductor config patch)`` of each variant to compile for this graph."""
+    from torch._inductor import config as inductor_config
 
-    Runs before the default compile, on copies of ``gm`` (Inductor's post-grad
-    passes rewrite the graph in place).
+    from inductor_pass import guard, variants
+
+    if not (config.enabled and config.variants) or guard.symbolic_inputs(example_inputs):
+        return []
+    if getattr(inductor_config, "cpp_wrapper", False):
+        return []
+    return variants.flipped_options(config.variants)
+
+
+def _compile_variants(gm, example_inputs, kw, config: PassConfig, options):
+    """Compile the graph's alternative programs ``options`` in this thread (Note [Program variants]).
+
+    Runs before the default compile (or after it, on a copy of the graph taken
+    before, for a variant Note [Forked variant codegen] could not make), on
+    copies of ``gm`` (Inductor's post-grad passes rewrite the graph in place).
 
     Returns:
         ``(alternatives, notes)``: ``(name, source, globals, call, partitions)``
@@ -444,23 +504,21 @@ def _compile_variants(gm, example_inputs, kw, config: PassConfig):
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    from inductor_pass import guard, variants
-
-    if not (config.enabled and config.variants) or guard.symbolic_inputs(example_inputs):
-        return [], []
-    if getattr(inductor_config, "cpp_wrapper", False):
+    if not options:
         return [], []
     from torch._guards import TracingContext
 
     context = TracingContext.try_get()
     out, notes = [], []
-    for name, patch in variants.flipped_options(config.variants):
+    for name, patch in options:
         sink: list[Any] = []
         previous = getattr(_HOOK, "sink", None)
         # post_compile records the graph's output strides in the tracing
         # context for AOTAutograd; only the default program may leave them.
         strides = getattr(context, "output_strides", None)
         saved = list(strides) if strides is not None else None
+        if strides is not None:
+            strides.clear()  # empty before a compile (a fallback variant runs after the default's)
         deferred: list[Any] = []
         try:
             gm_copy = copy.deepcopy(gm)

@@ -45,6 +45,10 @@ class PassConfig:
     from its source and the default program's profile, is not below the default's deployed
     peak (Note [Variant bound] in ``inductor_pass/variant_bound.py``). False: every variant
     is built while the default compiles and run through the pass."""
+    fork_variants: bool = True
+    """Generate variant programs in a forked child while the default program compiles (Linux,
+    CPU graphs, CUDA not initialized; Note [Forked variant codegen] in
+    ``inductor_pass/variant_fork.py``). False: in the compiling thread, before the default."""
     decision_cache: bool = True
     """Cache each graph's decision on disk, keyed by the wrapper's source, the pass and
     the call (Note [Decision cache] in ``inductor_pass/decision_cache.py``)."""
@@ -59,7 +63,8 @@ class PassConfig:
     """Longest chain of kernels re-emitted for one buffer."""
     inject_failure: str | None = None
     """Testing: raise inside the pass at this stage (``"parse"``, ``"profile"``,
-    ``"search"``, ``"guard"``) to exercise the fallback."""
+    ``"search"``, ``"guard"``), or make the forked variant child fail (``"fork-fail"``) or
+    hang (``"fork-hang"``), to exercise the fallback."""
 
 
 _CONFIG = PassConfig()

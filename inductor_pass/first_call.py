@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import traceback
 from typing import Any
 
@@ -120,6 +121,7 @@ class FirstCallPass:
 
         if not self.variants and config.variants:
             self._load_variants(source, config)
+        t0 = time.perf_counter()
         kept: dict[str, Any] = {}
         cands = [candidate("default", source, glob, self.impl, partitions, kept)]
         rep = cands[0].report
@@ -162,6 +164,7 @@ class FirstCallPass:
         rep.notes.extend(self.variant_notes)
         if why:
             rep.notes.append(why)
+        rep.pass_seconds = time.perf_counter() - t0  # every program's pass, and the choice
         entry: dict[str, Any] = {"variant": best.name, "order": best.order}
         if best is not cands[0]:
             rep.variant = best.name

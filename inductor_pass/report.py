@@ -63,7 +63,8 @@ class GraphReport:
     its ``source`` (``"cupti"`` when CUPTI records were read; see
     ``torch_replay/kernel_timing.py``). Empty on CPU."""
     pass_seconds: float = 0.0
-    """Wall-clock time of the pass (profiling, search and guard)."""
+    """Wall-clock time of the pass at the first call (profiling, search and guard of every
+    program run, the variant bounds and the choice)."""
     search_seconds: float = 0.0
     """Wall-clock time of the scheduling core (exact search and lower bounds) for this graph."""
     recomputed: list[dict[str, object]] = field(default_factory=list)

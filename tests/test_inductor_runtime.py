@@ -477,7 +477,7 @@ def test_variant_kernels_build_while_the_default_program_is_generated(monkeypatc
     # (kernels built at compile time: without Note [Lazy variant kernels]).
     from torch._inductor import config as inductor_config
 
-    old = inductor_pass.set_config(variant_bound=False)
+    old = inductor_pass.set_config(variant_bound=False, fork_variants=False)
     request.addfinalizer(lambda: inductor_pass.set_config(old))
     ns: dict = {}
     exec(_MIXER_SRC, ns)  # noqa: S102 - the test's own model source
@@ -501,7 +501,8 @@ def test_variant_kernels_build_while_the_default_program_is_generated(monkeypatc
 def test_variant_whose_kernels_fail_to_build_is_dropped_with_a_note(monkeypatch, request):
     from torch._inductor import config as inductor_config
 
-    old = inductor_pass.set_config(variant_bound=False)  # built at compile time
+    # built at compile time, in this process
+    old = inductor_pass.set_config(variant_bound=False, fork_variants=False)
     request.addfinalizer(lambda: inductor_pass.set_config(old))
     ns: dict = {}
     exec(_MIXER_SRC, ns)  # noqa: S102 - the test's own model source
@@ -715,6 +716,91 @@ def test_variant_whose_lazy_kernels_fail_to_build_is_dropped_with_a_note(monkeyp
     (r,) = inductor_pass.reports()
     assert set(r.variants) == {"default"}
     assert any("injected lazy kernel build failure" in n for n in r.notes), r.notes
+
+
+def _variant_sources(monkeypatch):
+    """Log the variant sources the backend obtains, forked or compiled here."""
+    from inductor_pass import backend, variant_fork
+
+    got: dict[str, list[str]] = {"forked": [], "here": []}
+    collect, compile_here = variant_fork.collect, backend._compile_variants
+
+    def spy_collect(*args, **kwargs):
+        out = collect(*args, **kwargs)
+        if out[0] is not None:
+            got["forked"].append(out[0][1])
+        return out
+
+    def spy_here(*args, **kwargs):
+        out = compile_here(*args, **kwargs)
+        got["here"] += [alt[1] for alt in out[0]]
+        return out
+
+    monkeypatch.setattr(variant_fork, "collect", spy_collect)
+    monkeypatch.setattr(backend, "_compile_variants", spy_here)
+    return got
+
+
+def _mixer_with(config_changes, request):
+    old = inductor_pass.set_config(**config_changes)
+    request.addfinalizer(lambda: inductor_pass.set_config(old))
+    ns: dict = {}
+    exec(_MIXER_SRC, ns)  # noqa: S102 - the test's own model source
+    model, x = ns["mixer_and_input"]()
+    with torch.no_grad():
+        expected = torch.compile(model, backend="inductor")(x)
+        torch._dynamo.reset()
+        inductor_pass.clear_reports()
+        f = torch.compile(model, backend="torch_replay")
+        assert torch.equal(f(x), expected)
+        assert torch.equal(f(x), expected)
+    (r,) = inductor_pass.reports()
+    return r
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork() is used on Linux only")
+def test_forked_variant_is_the_program_inductor_compiles_in_process(monkeypatch, request):
+    got = _variant_sources(monkeypatch)
+    r_fork = _mixer_with({"fork_variants": True}, request)
+    torch._dynamo.reset()
+    r_here = _mixer_with({"fork_variants": False}, request)
+    assert len(got["forked"]) == 1 and len(got["here"]) == 1, got
+
+    def body(src):  # the graph counter in the header differs between compiles
+        return [ln for ln in src.splitlines() if not ln.startswith("# AOT ID:")]
+
+    assert body(got["forked"][0]) == body(got["here"][0])  # line for line
+    for r in (r_fork, r_here):
+        assert r.variants["reorder_for_peak_memory=False"]["byte_exact"] is True
+    assert r_fork.variant == r_here.variant
+    assert r_fork.measured_permuted_peak == r_here.measured_permuted_peak
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork() is used on Linux only")
+@pytest.mark.parametrize("failure", ["fork-fail", "fork-hang"])
+def test_forked_variant_child_that_fails_or_hangs_falls_back(failure, monkeypatch, request):
+    from inductor_pass import variant_fork
+
+    monkeypatch.setattr(variant_fork, "MIN_WAIT_S", 2.0)
+    pids: list[int] = []
+    start = variant_fork.start
+
+    def spy_start(*args, **kwargs):
+        f = start(*args, **kwargs)
+        pids.append(f.pid)
+        return f
+
+    monkeypatch.setattr(variant_fork, "start", spy_start)
+    got = _variant_sources(monkeypatch)
+    r = _mixer_with({"inject_failure": failure}, request)
+    # The variant was compiled in this process instead, and still takes part.
+    assert len(got["here"]) == 1 and not got["forked"], got
+    assert r.variants["reorder_for_peak_memory=False"]["byte_exact"] is True
+    why = "injected failure" if failure == "fork-fail" else "no answer within"
+    assert any(why in n and "compiled here" in n for n in r.notes), r.notes
+    (pid,) = pids
+    with pytest.raises(ChildProcessError):  # killed (when it hung) and reaped
+        os.waitpid(pid, os.WNOHANG)
 
 
 # ---------------------------------------------------------------------------
