@@ -407,6 +407,9 @@ def main() -> None:
             f"  {r.kind}: measured peak of the deployed program {chosen} B; per program {peaks}; "
             f"the pass at the first call {r.pass_seconds:.2f} s"
         )
+        for note in r.notes:
+            if note.startswith("variant "):
+                print(f"    {note}")
         bounds = {k: v.get("lower_bound") for k, v in r.variants.items()}
         print(f"    each program's own lower bound (its kernel calls, any order): {bounds}")
         default = by_source.get(r.original_source)

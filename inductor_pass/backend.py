@@ -431,6 +431,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
             got, why = variant_fork.collect(f, default_glob, lazy=_config.variant_bound)
             if got is not None:
                 alternatives.append(got)
+                notes.append(f"variant {f.name} {why}")
             elif why.startswith("retry"):
                 notes.append(f"variant {f.name}: {why.removeprefix('retry: ')}; compiled here")
                 retry.append((f.name, f.patch))

@@ -8,7 +8,7 @@ on the two-core machine (issue 12), while the default program's compile
 leaves the other core idle for much of its time (waiting on its kernel
 builds). So on Linux, for CPU graphs and while CUDA is not initialized in
 this process, the backend forks a child at the start of the inner compile.
-The child (no compile workers, FX graph cache off; it runs no kernel) runs Inductor's
+The child (one OpenMP thread, no compile workers, FX graph cache off) runs Inductor's
 inner compile of its copy-on-write copy of the graph with the variant's option,
 and sends back the wrapper source Inductor was about to load: it never loads
 it, never builds a kernel, never touches the parent's caches or tracing
@@ -116,6 +116,7 @@ def _child(
     inject: str | None,
 ) -> None:
     status: tuple[str, str] = ("error", "Inductor produced no Python wrapper")
+    t0 = time.monotonic()
     try:
         from inductor_pass import backend
 
@@ -125,8 +126,13 @@ def _child(
             time.sleep(3600)
         if inject == "fork-fail":
             raise RuntimeError("injected failure in the forked child")
-        # The thread count stays the parent's: Inductor's C++ code generation
-        # reads it (parallel loops). The child runs no kernel, so no OpenMP region.
+        # The child runs no kernel, but anything Inductor computes eagerly there
+        # runs on one thread: OpenMP's thread pool does not survive fork(). Its
+        # C++ code generation still sees the parent's thread count (parallel
+        # loops are emitted from torch.get_num_threads()).
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        torch.get_num_threads = lambda: threads  # this process only
         from torch._inductor import codecache
         from torch._inductor import config as inductor_config
         from torch._inductor.compile_fx import compile_fx_inner
@@ -149,12 +155,33 @@ def _child(
             status = ("error", f"{type(exc).__name__}: {exc}"[:2000])
     finally:
         try:
-            data = pickle.dumps(status)
+            data = pickle.dumps((*status, _child_stats(t0)))
             view = memoryview(data)
             while view:
                 view = view[os.write(w, view) :]
         finally:
             os._exit(0)
+
+
+def _child_stats(t0: float) -> dict[str, float]:
+    """The child's seconds, peak RSS and private memory now (MiB; Linux ``/proc``)."""
+    import resource
+
+    stats = {
+        "seconds": time.monotonic() - t0,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            private = sum(
+                int(line.split()[1])
+                for line in f
+                if line.startswith(("Private_Clean", "Private_Dirty"))
+            )
+        stats["private_mib"] = private / 1024
+    except (OSError, ValueError):
+        pass
+    return stats
 
 
 def _read(fd: int, deadline: float) -> bytes | None:
@@ -194,8 +221,8 @@ def collect(
     """Wait for a child and load its variant; never raises.
 
     Returns:
-        ``((name, source, globals, call, partitions), "")`` for a loaded variant,
-        or ``(None, why)``; ``why`` starts with ``"retry"`` when the variant should
+        ``((name, source, globals, call, partitions), what)`` for a loaded variant
+        (``what``: the child's time and memory), or ``(None, why)``; ``why`` starts with ``"retry"`` when the variant should
         be compiled in this process instead, ``"drop"`` when it cannot be used.
     """
     waited = time.monotonic()
@@ -215,13 +242,20 @@ def collect(
     except OSError:
         pass
     try:
-        status, payload = pickle.loads(data)
+        status, payload, stats = pickle.loads(data)
     except Exception as exc:
         return None, f"retry: the forked child's result is unreadable ({type(exc).__name__})"
     if status != "ok":
         return None, f"retry: the forked child failed ({payload})"
     try:
-        return _load(f, payload, default_globals or {}, lazy=lazy)
+        got, why = _load(f, payload, default_globals or {}, lazy=lazy)
+        if got is not None:
+            why = (
+                f"generated in a forked child in {stats.get('seconds', 0):.1f} s (peak RSS "
+                f"{stats.get('peak_rss_mib', 0):.0f} MiB, pages shared with this process "
+                f"included; private memory at its end {stats.get('private_mib', 0):.0f} MiB)"
+            )
+        return got, why
     except Exception as exc:
         return None, f"retry: loading its source failed ({type(exc).__name__}: {exc})"
 
