@@ -398,51 +398,16 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
     _HOOK.deferred, _HOOK.failed_variants = [], {}
     options = _variant_options(example_inputs, _config)
     forked: list[variant_fork.Forked] = []
-    pristine = None
     notes: list[str] = []
     try:
-        if options and _config.fork_variants:  # Note [Forked variant codegen]
-            why = variant_fork.fork_reason(example_inputs)
-            if why is None:
-                pristine = copy.deepcopy(gm)  # for a variant the child fails to make
-                for name, patch in options:
-                    try:
-                        forked.append(
-                            variant_fork.start(
-                                gm, example_inputs, kw, name, patch, _config.inject_failure
-                            )
-                        )
-                    except OSError as exc:
-                        notes.append(f"variant {name} not forked ({exc}): compiled here")
-            else:
-                notes.append(f"variants compiled in this process: {why}")
+        forked, pristine = _start_forks(gm, example_inputs, kw, options, _config, notes)
         here = [o for o in options if o[0] not in {f.name for f in forked}]
         alternatives, more = _compile_variants(gm, example_inputs, kw, _config, here)
         notes += more
         _HOOK.last_armed = None
         with _armed(_config) as hooked:
             out = compile_fx_inner(gm, example_inputs, **kw)
-        default_glob = None
-        with contextlib.suppress(Exception):
-            default_glob = _module_parts(out)[0]
-        retry = []
-        while forked:
-            f = forked.pop(0)
-            got, why = variant_fork.collect(f, default_glob, lazy=_config.variant_bound)
-            if got is not None:
-                alternatives.append(got)
-                notes.append(f"variant {f.name} {why}")
-            elif why.startswith("retry"):
-                notes.append(f"variant {f.name}: {why.removeprefix('retry: ')}; compiled here")
-                retry.append((f.name, f.patch))
-            else:
-                notes.append(f"variant {f.name} not used: {why.removeprefix('drop: ')}")
-        if retry and pristine is not None:
-            last = _HOOK.last_armed
-            got_here, more = _compile_variants(pristine, example_inputs, kw, _config, retry)
-            alternatives += got_here
-            notes += more
-            _HOOK.last_armed = last
+        alternatives += _collect_forks(forked, out, pristine, example_inputs, kw, _config, notes)
     finally:
         for f in forked:  # the default compile failed: the children are not wanted
             variant_fork.abandon(f)
@@ -476,6 +441,62 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
         else:
             _unchanged(kind, "this torch has no CompiledFxGraph.post_compile hook", _config)
     return out
+
+
+def _start_forks(gm, example_inputs, kw, options, config: PassConfig, notes: list[str]):
+    """Fork a child per variant (Note [Forked variant codegen]); ``(forked, graph copy)``."""
+    from inductor_pass import variant_fork
+
+    forked: list[variant_fork.Forked] = []
+    if not (options and config.fork_variants):
+        return forked, None
+    why = variant_fork.fork_reason(example_inputs)
+    if why is not None:
+        notes.append(f"variants compiled in this process: {why}")
+        return forked, None
+    pristine = None
+    try:
+        pristine = copy.deepcopy(gm)  # for a variant the child fails to make
+    except Exception as exc:
+        notes.append(f"no copy of the graph for a fallback ({type(exc).__name__})")
+    for name, patch in options:
+        try:
+            forked.append(
+                variant_fork.start(gm, example_inputs, kw, name, patch, config.inject_failure)
+            )
+        except Exception as exc:
+            notes.append(f"variant {name} not forked ({exc}): compiled here")
+    return forked, pristine
+
+
+def _collect_forks(forked, out, pristine, example_inputs, kw, config: PassConfig, notes):
+    """Load what the children made; compile here what they could not. Empties ``forked``."""
+    from inductor_pass import variant_fork
+
+    default_glob = None
+    with contextlib.suppress(Exception):
+        default_glob = _module_parts(out)[0]
+    alternatives, retry = [], []
+    while forked:
+        f = forked.pop(0)
+        got, why = variant_fork.collect(f, default_glob, lazy=config.variant_bound)
+        if got is not None:
+            alternatives.append(got)
+            notes.append(f"variant {f.name} {why}")
+        elif why.startswith("retry"):
+            notes.append(f"variant {f.name}: {why.removeprefix('retry: ')}; compiled here")
+            retry.append((f.name, f.patch))
+        else:
+            notes.append(f"variant {f.name} not used: {why.removeprefix('drop: ')}")
+    if retry and pristine is None:
+        notes += [f"variant {name} dropped: no copy of the graph to compile" for name, _ in retry]
+    elif retry:
+        last = _HOOK.last_armed
+        got_here, more = _compile_variants(pristine, example_inputs, kw, config, retry)
+        alternatives += got_here
+        notes += more
+        _HOOK.last_armed = last
+    return alternatives
 
 
 def _variant_options(example_inputs, config: PassConfig) -> list[tuple[str, dict[str, bool]]]:
