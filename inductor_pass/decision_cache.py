@@ -116,18 +116,26 @@ def load_program(source: str) -> tuple[dict[str, Any], Any, Any] | None:
     """``(globals, call, partitions)`` of a cached variant program, or None.
 
     The module is loaded as Inductor loads a cached wrapper
-    (``PyCodeCache.load``: its kernels come from Inductor's compiled-kernel
-    cache). A program whose ``call`` refers to a global the source does not
+    (``PyCodeCache.load``), its kernels lazily: they are built (or taken from
+    Inductor's compiled-kernel cache) only if the pass runs the program. A program whose ``call`` refers to a global the source does not
     define (a constant Inductor attaches at load time) is not used.
     """
     try:
+        from torch._inductor import config as inductor_config
         from torch._inductor.codecache import PyCodeCache
 
+        from inductor_pass import backend
         from inductor_pass.guard import build_call
         from inductor_pass.wrapper_ast import parse_wrapper
 
         wrapper = parse_wrapper(source)
-        mod = PyCodeCache.load(source)
+        # Its kernels are built when the pass runs it (Note [Lazy variant kernels]).
+        if backend._install_lazy_hook():
+            backend._HOOK.lazy = inductor_config.get_config_copy()
+        try:
+            mod = PyCodeCache.load(source)
+        finally:
+            backend._HOOK.lazy = None
         glob = vars(mod)
         defined = set(wrapper.input_names) | {n for st in wrapper.region for n in st.defines}
         import builtins

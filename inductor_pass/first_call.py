@@ -242,6 +242,9 @@ class FirstCallPass:
             loaded = decision_cache.load_program(variant_source)
             if loaded is None:
                 return None
+            from inductor_pass.backend import force_kernels
+
+            force_kernels(loaded[0])  # in parallel, before the program runs
             base_source, base_glob, base_call, base_parts = variant_source, *loaded
         rep = GraphReport.from_dict(entry.get("report") or {})
         rep.kind = kind
