@@ -298,13 +298,9 @@ def _experiment(name: str) -> None:
                     NOTES.append(f"forked variant failed: {source}")
                     continue
                 key, path = PyCodeCache.write(source)
-                with inductor_config.patch(reorder_for_peak_memory=False):
-                    if kw["_config"].variant_bound and backend._install_lazy_hook():
-                        backend._HOOK.lazy = inductor_config.get_config_copy()
-                    try:
-                        mod = PyCodeCache.load_by_key_path(key, path)
-                    finally:
-                        backend._HOOK.lazy = None
+                lazy = backend.lazy_kernels(kw["_config"].variant_bound)
+                with inductor_config.patch(reorder_for_peak_memory=False), lazy:
+                    mod = PyCodeCache.load_by_key_path(key, path)
                 if isinstance(armed, backend.FirstCallPass):
                     armed.variants.append((vname, source, mod.__dict__, mod.call, None))
             return out

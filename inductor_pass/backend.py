@@ -190,21 +190,28 @@ def _kind_of(compiled_graph: Any, graph_kwargs: Any) -> str:
     return "forward"
 
 
+def _wrap_once(owner: Any, name: str, make: Any) -> bool:
+    """Replace ``owner.name`` by ``make(original)`` once per process; False if absent."""
+    with _HOOK_LOCK:
+        current = owner.__dict__.get(name)
+        if current is None:
+            return False
+        if getattr(current, "_torch_replay_hook", False):
+            return True
+        wrapper = functools.wraps(current)(make(current))
+        wrapper._torch_replay_hook = True
+        setattr(owner, name, wrapper)
+        return True
+
+
 def _install_post_compile_hook() -> bool:
     """Wrap ``CompiledFxGraph.post_compile`` once per process (probed); False if absent."""
     try:
         from torch._inductor.output_code import CompiledFxGraph
     except Exception:
         return False
-    with _HOOK_LOCK:
-        current = CompiledFxGraph.__dict__.get("post_compile")
-        if current is None:
-            return False
-        if getattr(current, "_torch_replay_hook", False):
-            return True
-        original = current
 
-        @functools.wraps(original)
+    def make(original: Any) -> Any:
         def post_compile(self: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
             sink = getattr(_HOOK, "sink", None)
             config = getattr(_HOOK, "config", None)
@@ -224,9 +231,9 @@ def _install_post_compile_hook() -> bool:
                 run_pass(self, example_inputs, _kind_of(self, graph_kwargs), config)
             return original(self, example_inputs, *args, **kwargs)
 
-        post_compile._torch_replay_hook = True  # type: ignore[attr-defined]
-        CompiledFxGraph.post_compile = post_compile
-        return True
+        return post_compile
+
+    return _wrap_once(CompiledFxGraph, "post_compile", make)
 
 
 def _install_wait_hook() -> bool:
@@ -249,15 +256,8 @@ def _install_wait_hook() -> bool:
         from torch._inductor.async_compile import AsyncCompile
     except Exception:
         return False
-    with _HOOK_LOCK:
-        current = AsyncCompile.__dict__.get("wait")
-        if current is None:
-            return False
-        if getattr(current, "_torch_replay_hook", False):
-            return True
-        original = current
 
-        @functools.wraps(original)
+    def make(original: Any) -> Any:
         def wait(self: Any, scope: dict[str, Any]) -> None:
             deferred = getattr(_HOOK, "defer", None)
             if deferred is not None:
@@ -265,9 +265,9 @@ def _install_wait_hook() -> bool:
                 return None
             return original(self, scope)
 
-        wait._torch_replay_hook = True  # type: ignore[attr-defined]
-        AsyncCompile.wait = wait
-        return True
+        return wait
+
+    return _wrap_once(AsyncCompile, "wait", make)
 
 
 def _install_lazy_hook() -> bool:
@@ -290,24 +290,35 @@ def _install_lazy_hook() -> bool:
         from torch._inductor.async_compile import AsyncCompile
     except Exception:
         return False
-    with _HOOK_LOCK:
-        current = AsyncCompile.__dict__.get("cpp_pybinding")
-        if current is None:
-            return False
-        if getattr(current, "_torch_replay_hook", False):
-            return True
-        original = current
 
-        @functools.wraps(original)
+    def make(original: Any) -> Any:
         def cpp_pybinding(self: Any, *args: Any, **kwargs: Any) -> Any:
             settings = getattr(_HOOK, "lazy", None)
             if settings is not None:
                 return _LazyKernel(functools.partial(original, self, *args, **kwargs), settings)
             return original(self, *args, **kwargs)
 
-        cpp_pybinding._torch_replay_hook = True  # type: ignore[attr-defined]
-        AsyncCompile.cpp_pybinding = cpp_pybinding
-        return True
+        return cpp_pybinding
+
+    return _wrap_once(AsyncCompile, "cpp_pybinding", make)
+
+
+@contextlib.contextmanager
+def lazy_kernels(enabled: bool = True) -> Iterator[None]:
+    """C++ kernels of modules this thread loads in the block are lazy (Note [Lazy variant kernels]).
+
+    Built, when asked, under the Inductor configuration in force on entry.
+    """
+    if not (enabled and _install_lazy_hook()):
+        yield
+        return
+    from torch._inductor import config as inductor_config
+
+    _HOOK.lazy = inductor_config.get_config_copy()
+    try:
+        yield
+    finally:
+        _HOOK.lazy = None
 
 
 class _LazyKernel:
@@ -547,9 +558,7 @@ def _compile_variants(gm, example_inputs, kw, config: PassConfig, options):
             _HOOK.sink = sink
             if _install_wait_hook():
                 _HOOK.defer = deferred  # Note [Deferred variant kernels]
-            with inductor_config.patch(patch):
-                if config.variant_bound and _install_lazy_hook():
-                    _HOOK.lazy = inductor_config.get_config_copy()  # Note [Lazy variant kernels]
+            with inductor_config.patch(patch), lazy_kernels(config.variant_bound):
                 compile_fx_inner(gm_copy, example_inputs, **kw)
         except Exception as exc:
             notes.append(f"variant {name} not compiled: {type(exc).__name__}: {exc}")
@@ -558,7 +567,6 @@ def _compile_variants(gm, example_inputs, kw, config: PassConfig, options):
         finally:
             _HOOK.sink = previous
             _HOOK.defer = None
-            _HOOK.lazy = None
             if saved is not None and strides is not None:
                 strides[:] = saved
         _HOOK.deferred.extend(deferred)

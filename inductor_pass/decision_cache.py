@@ -117,33 +117,23 @@ def load_program(source: str) -> tuple[dict[str, Any], Any, Any] | None:
 
     The module is loaded as Inductor loads a cached wrapper
     (``PyCodeCache.load``), its kernels lazily: they are built (or taken from
-    Inductor's compiled-kernel cache) only if the pass runs the program. A program whose ``call`` refers to a global the source does not
-    define (a constant Inductor attaches at load time) is not used.
+    Inductor's compiled-kernel cache) only if the pass runs the program. A
+    program whose ``call`` refers to a global the source does not define (a
+    constant Inductor attaches at load time) is not used.
     """
     try:
-        from torch._inductor import config as inductor_config
         from torch._inductor.codecache import PyCodeCache
 
-        from inductor_pass import backend
+        from inductor_pass.backend import lazy_kernels
         from inductor_pass.guard import build_call
-        from inductor_pass.wrapper_ast import parse_wrapper
+        from inductor_pass.wrapper_ast import parse_wrapper, unbound_names
 
         wrapper = parse_wrapper(source)
-        # Its kernels are built when the pass runs it (Note [Lazy variant kernels]).
-        if backend._install_lazy_hook():
-            backend._HOOK.lazy = inductor_config.get_config_copy()
-        try:
+        with lazy_kernels():  # built when the pass runs it
             mod = PyCodeCache.load(source)
-        finally:
-            backend._HOOK.lazy = None
         glob = vars(mod)
-        defined = set(wrapper.input_names) | {n for st in wrapper.region for n in st.defines}
-        import builtins
-
-        for st in wrapper.region:
-            for n in st.uses:
-                if n not in defined and n not in glob and not hasattr(builtins, n):
-                    return None
+        if unbound_names(wrapper, glob):
+            return None
         runner = glob.get("runner")
         partitions = getattr(runner, "partitions", None)
         call, _ = build_call(source, glob, partitions=partitions)

@@ -23,7 +23,6 @@ the graph taken before the default compile) and the report says why.
 
 from __future__ import annotations
 
-import builtins
 import os
 import pickle
 import select
@@ -266,27 +265,18 @@ def _load(
     from torch._inductor import config as inductor_config
     from torch._inductor.codecache import PyCodeCache
 
-    from inductor_pass import backend
-    from inductor_pass.wrapper_ast import parse_wrapper
+    from inductor_pass.backend import lazy_kernels
+    from inductor_pass.wrapper_ast import parse_wrapper, unbound_names
 
     wrapper = parse_wrapper(source)
     key, path = PyCodeCache.write(source)
-    with inductor_config.patch(f.patch):
-        if lazy and backend._install_lazy_hook():
-            backend._HOOK.lazy = inductor_config.get_config_copy()
-        try:
-            mod = PyCodeCache.load_by_key_path(key, path)
-        finally:
-            backend._HOOK.lazy = None
+    with inductor_config.patch(f.patch), lazy_kernels(lazy):
+        mod = PyCodeCache.load_by_key_path(key, path)
     glob = vars(mod)
-    defined = set(wrapper.input_names) | {n for st in wrapper.region for n in st.defines}
-    for st in wrapper.region:
-        for n in st.uses:
-            if n in defined or n in glob or hasattr(builtins, n):
-                continue
-            if n not in default_globals:
-                return None, f"drop: it needs {n}, which Inductor attaches at load time"
-            glob[n] = default_globals[n]  # a graph constant: the default module's
+    for n in unbound_names(wrapper, glob):
+        if n not in default_globals:
+            return None, f"drop: it needs {n}, which Inductor attaches at load time"
+        glob[n] = default_globals[n]  # a graph constant: the default module's
     runner = glob.get("runner")
     partitions = getattr(runner, "partitions", None)
     call = glob.get("call")

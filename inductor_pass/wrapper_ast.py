@@ -38,6 +38,7 @@ __all__ = [
     "UnsupportedWrapper",
     "parse_wrapper",
     "render_region",
+    "unbound_names",
 ]
 
 
@@ -438,3 +439,20 @@ def render_region(wrapper: Wrapper, order: list[int], probes: dict[int, str] | N
         out.append(ind + probes[len(order)])
     new_lines = lines[: wrapper.region_first_line - 1] + out + lines[wrapper.region_last_line :]
     return "\n".join(new_lines) + "\n"
+
+
+def unbound_names(wrapper: Wrapper, scope: dict[str, object]) -> list[str]:
+    """Names the region uses that neither the inputs, the region, ``scope`` nor builtins bind.
+
+    In a wrapper loaded from its source alone these are the constants Inductor
+    attaches to the module at load time.
+    """
+    import builtins
+
+    bound = set(wrapper.input_names) | {n for st in wrapper.region for n in st.defines}
+    out: list[str] = []
+    for st in wrapper.region:
+        for n in st.uses:
+            if n not in bound and n not in scope and not hasattr(builtins, n) and n not in out:
+                out.append(n)
+    return out
