@@ -277,8 +277,9 @@ def _install_lazy_hook() -> bool:
     A variant's C++ kernels are most of its cost at a cold compile (issue 12:
     about one second of CPU per kernel body the default program does not
     share), and most variants are never deployed. So while a variant's module
-    loads (``_HOOK.lazy`` is set by :func:`_compile_variants` for this thread
-    only) each ``cpp_pybinding`` kernel becomes a :class:`_LazyKernel`: not
+    loads (inside :func:`lazy_kernels`, which sets ``_HOOK.lazy`` for this
+    thread only: the variant's compile, the forked variant's load, a cached
+    variant's load) each ``cpp_pybinding`` kernel becomes a :class:`_LazyKernel`: not
     submitted to the compile workers until :func:`force_kernels` asks for it,
     at the first call, once Note [Variant bound] has not ruled the variant out.
     A lazy kernel that is called before that (the module is Inductor's, shared
