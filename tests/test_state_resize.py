@@ -227,3 +227,38 @@ def test_declared_sparse_tensor_is_a_named_refusal():
     x = torch.randn(3, 2, requires_grad=True)
     with pytest.raises(tr.UnsupportedReplayError, match="SparseCsr.*values and indices"):
         tr.checkpoint(lambda t: torch.sparse.mm(a, t), x, state=[a], use_reentrant=False)
+
+
+# --------------------------------------------- preserve: one module, several calls
+
+
+def _gan_discriminator():
+    sn = nn.utils.spectral_norm
+    return nn.Sequential(sn(nn.Linear(4, 8)), nn.ReLU(), sn(nn.Linear(8, 1)))
+
+
+@pytest.mark.parametrize("calls", [1, 2, 3])
+def test_preserve_spectral_norm_called_several_times_before_one_backward(observer, calls):
+    """The GAN step: a spectral-norm discriminator on fake and real batches, one
+    backward. Each forward updates the power-iteration vectors in place (out=), and
+    reads them after its own write; detect="preserve" gives eager's gradients and
+    vectors, and claims no dispatcher bypass."""
+    torch.manual_seed(0)
+    eager = _gan_discriminator()
+    ours = copy.deepcopy(eager)
+    batches = [torch.randn(3, 4, requires_grad=(i == 0)) for i in range(calls)]
+    sum(eager(b).mean() * (i + 1) for i, b in enumerate(batches)).backward()
+    old = tr.config.detect
+    tr.config.detect = "preserve"
+    try:
+        loss = sum(
+            tr.checkpoint(ours, b, use_reentrant=False).mean() * (i + 1)
+            for i, b in enumerate(batches)
+        )
+        loss.backward()
+    finally:
+        tr.config.detect = old
+    for p, q in zip(eager.parameters(), ours.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad)
+    for a, b in zip(eager.buffers(), ours.buffers(), strict=True):
+        assert torch.equal(a, b)

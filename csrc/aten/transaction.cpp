@@ -424,7 +424,16 @@ void Transaction::forward_access(
     writes_[key].add(fp);
     RegionJournal::global().record_if_watched(key, ref, fp);
   } else if (reads_engine_) {
-    preserve_read(t, key, fp);
+    // Only bytes the segment has not written yet are read from before it
+    // (a read of its own write is reproduced by the re-run itself). A hash of
+    // bytes it wrote would be a hash of no value the journal can restore, and
+    // the re-run would be refused for a bypass that never happened.
+    auto w = writes_.find(key);
+    if (w == writes_.end()) {
+      preserve_read(t, key, fp);
+    } else if (RangeSet exposed = fp.subtract(w->second); !exposed.empty()) {
+      preserve_read(t, key, exposed);
+    }
   } else if (options_.watch_reads) {
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     auto it = reads_.find(impl);
