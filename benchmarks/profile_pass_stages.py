@@ -71,7 +71,9 @@ def main() -> None:
     from bench_compile import _build
 
     import inductor_pass
-    from inductor_pass import backend, decide, first_call, rewrite, search, variants
+    from inductor_pass.runtime import backend, first_call
+    from inductor_pass.stages import decide, rewrite, search
+    from inductor_pass.variants import choose as variants
 
     _timed(backend, "_inner_compile", "inner compile (with variants)")
     _timed(backend, "_compile_variants", "  variant programs")

@@ -2,7 +2,7 @@
 
 Issue 12 asks for a cold compile within 1.25x of Inductor's while every graph is
 also compiled as Inductor's ``reorder_for_peak_memory=False`` program (Note
-[Program variants] in ``inductor_pass/variants.py``). This script measures, in
+[Program variants] in ``inductor_pass/variants/choose.py``). This script measures, in
 one fresh process with an empty ``TORCHINDUCTOR_CACHE_DIR``:
 
 - per program (``default`` / ``variant``, told apart by the option's value at
@@ -28,7 +28,7 @@ one fresh process with an empty ``TORCHINDUCTOR_CACHE_DIR``:
 
 - ``no-defer``: the variant's kernel wait where Inductor does it, at its module
   load, instead of after the default program's code generation (Note
-  [Deferred variant kernels] in ``inductor_pass/backend.py``);
+  [Deferred variant kernels] in ``inductor_pass/runtime/backend.py``);
 - ``fork-codegen``: the variant's lowering and code generation run in a forked
   child (one thread) while the parent compiles the default program; the parent
   then loads the variant's source, compiling its kernels in its own pool;
@@ -216,7 +216,7 @@ def _instrument() -> None:
         return codegen(self)
 
     scheduler.Scheduler.codegen = scheduler_codegen
-    from inductor_pass import rewrite
+    from inductor_pass.stages import rewrite
 
     profile = rewrite.profile_program
 
@@ -237,12 +237,12 @@ def _experiment(name: str) -> None:
     import torch
     from torch._inductor import config as inductor_config
 
-    from inductor_pass import backend
+    from inductor_pass.runtime import backend
 
     if name == "no-defer":  # the variant's kernel wait where Inductor does it
         backend._install_wait_hook = lambda: False
     elif name == "fork-codegen":
-        from inductor_pass import variants
+        from inductor_pass.variants import choose as variants
 
         pending: list = []
 

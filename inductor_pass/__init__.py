@@ -10,9 +10,14 @@ Any failure inside the pass leaves the graph's program unchanged.
 
 from __future__ import annotations
 
-from inductor_pass.backend import TorchReplayPass, make_backend, register, torch_replay_backend
 from inductor_pass.config import PassConfig, get_config, set_config
 from inductor_pass.report import GraphReport, clear_reports, reports
+from inductor_pass.runtime.backend import (
+    TorchReplayPass,
+    make_backend,
+    register,
+    torch_replay_backend,
+)
 
 __all__ = [
     "PassConfig",

@@ -31,13 +31,13 @@ class GraphReport:
     """Tensor inputs of the graph."""
     owned_inputs: int = 0
     """Inputs the call owns (freed at their last use, Note [Input ownership] in
-    ``inductor_pass/guard.py``); peaks count them from the start of the call."""
+    ``inductor_pass/stages/guard.py``); peaks count them from the start of the call."""
     measured_all_held_peaks: tuple[int, int] | None = None
     """(original, permuted) measured peaks when the caller holds every input
     (only measured when the call owns some)."""
     variant: str = "default"
     """The program deployed: Inductor's default one, or a variant (Note [Program
-    variants] in ``inductor_pass/variants.py``)."""
+    variants] in ``inductor_pass/variants/choose.py``)."""
     variants: dict[str, dict[str, object]] = field(default_factory=dict)
     """Per program (``default`` and each variant): modelled and measured peaks,
     lower bound, certificate and the pass's decision on it."""

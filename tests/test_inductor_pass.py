@@ -11,10 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inductor_pass  # registers the torch_replay backend
-from inductor_pass import units as U
-from inductor_pass.backend import TorchReplayPass
 from inductor_pass.config import PassConfig
-from inductor_pass.wrapper_ast import StmtKind, UnsupportedWrapper, parse_wrapper, render_region
+from inductor_pass.program import units as U
+from inductor_pass.program.wrapper_ast import (
+    StmtKind,
+    UnsupportedWrapper,
+    parse_wrapper,
+    render_region,
+)
+from inductor_pass.runtime.backend import TorchReplayPass
 
 torch._inductor.config.compile_threads = 1
 
@@ -275,7 +280,7 @@ def test_emitted_programs_respect_dependences(prog):
 
 
 def test_counting_window_is_byte_exact():
-    from inductor_pass.guard import counting_window
+    from inductor_pass.stages.guard import counting_window
 
     keep = torch.empty(7)
     with counting_window() as stats:

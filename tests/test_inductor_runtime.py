@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import inductor_pass
-from inductor_pass import guard, profile
+from inductor_pass.stages import guard, profile
 
 SLOW = os.environ.get("TORCH_REPLAY_SLOW", "0") == "1"
 
@@ -38,7 +38,7 @@ def _fresh_dynamo():
 
 
 # ---------------------------------------------------------------------------
-# Input ownership (Note [Input ownership] in inductor_pass/guard.py)
+# Input ownership (Note [Input ownership] in inductor_pass/stages/guard.py)
 # ---------------------------------------------------------------------------
 
 
@@ -115,7 +115,7 @@ _EFFECT_WRAPPER = textwrap.dedent(
 
 @pytest.mark.parametrize("honest", [True, False])
 def test_effect_check_by_hashes_finds_undeclared_writes(honest):
-    from inductor_pass.wrapper_ast import parse_wrapper
+    from inductor_pass.program.wrapper_ast import parse_wrapper
 
     def k_rw(a, b):  # declared: reads a (const float*), writes b
         if not honest:
@@ -325,7 +325,7 @@ def test_float_derived_indices_two_threads_match_inductor():
 
 
 # ---------------------------------------------------------------------------
-# Program variants (Note [Program variants] in inductor_pass/variants.py)
+# Program variants (Note [Program variants] in inductor_pass/variants/choose.py)
 # ---------------------------------------------------------------------------
 
 _MIXER_SRC = textwrap.dedent(
@@ -370,7 +370,7 @@ _MIXER_SRC = textwrap.dedent(
 
 
     def call_peak(model, x, backend):
-        from inductor_pass.guard import counting_window
+        from inductor_pass.stages.guard import counting_window
 
         torch._dynamo.reset()
         with torch.no_grad():
@@ -404,8 +404,8 @@ def _program(kind):
 
 @pytest.mark.parametrize("kind", ["same", "aliased", "different"])
 def test_variant_choice_needs_identical_outputs_and_a_lower_measured_peak(kind):
-    from inductor_pass import variants
     from inductor_pass.report import GraphReport
+    from inductor_pass.variants import choose as variants
 
     def cand(name, prog, peak):
         rep = GraphReport(byte_exact=True, measured_original_peak=peak, reason="left unchanged")
@@ -556,7 +556,7 @@ class ConvNet(torch.nn.Module):
 
 def _record_static_bounds(monkeypatch, rule_out: bool):
     """Log every static variant bound; with ``rule_out=False`` every variant still runs."""
-    from inductor_pass import variant_bound
+    from inductor_pass.variants import bound as variant_bound
 
     seen: list[tuple[int | None, str]] = []
     real = variant_bound.variant_bound
@@ -571,7 +571,7 @@ def _record_static_bounds(monkeypatch, rule_out: bool):
 
 
 def _count_lazy_builds(monkeypatch):
-    from inductor_pass import backend
+    from inductor_pass.runtime import backend
 
     built: list[int] = []
     submit = backend._LazyKernel.submit
@@ -666,7 +666,7 @@ def test_variant_ruled_out_by_its_bound_is_never_built(monkeypatch, one_thread):
 def test_lazy_variant_kernel_builds_itself_when_called():
     from torch._inductor.async_compile import AsyncCompile
 
-    from inductor_pass import backend
+    from inductor_pass.runtime import backend
 
     src = textwrap.dedent(
         """
@@ -690,7 +690,7 @@ def test_lazy_variant_kernel_builds_itself_when_called():
 
 
 def test_variant_whose_lazy_kernels_fail_to_build_is_dropped_with_a_note(monkeypatch, request):
-    from inductor_pass import backend
+    from inductor_pass.runtime import backend
 
     def fail(self):
         raise RuntimeError("injected lazy kernel build failure")
@@ -703,7 +703,8 @@ def test_variant_whose_lazy_kernels_fail_to_build_is_dropped_with_a_note(monkeyp
 
 def _variant_sources(monkeypatch):
     """Log the variant sources the backend obtains, forked or compiled here."""
-    from inductor_pass import backend, variant_fork
+    from inductor_pass.runtime import backend
+    from inductor_pass.variants import fork as variant_fork
 
     got: dict[str, list[str]] = {"forked": [], "here": []}
     collect, compile_here = variant_fork.collect, backend._compile_variants
@@ -762,7 +763,7 @@ def test_forked_variant_is_the_program_inductor_compiles_in_process(monkeypatch,
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork() is used on Linux only")
 @pytest.mark.parametrize("failure", ["fork-fail", "fork-hang"])
 def test_forked_variant_child_that_fails_or_hangs_falls_back(failure, monkeypatch, request):
-    from inductor_pass import variant_fork
+    from inductor_pass.variants import fork as variant_fork
 
     monkeypatch.setattr(variant_fork, "MIN_WAIT_S", 2.0)
     pids: list[int] = []

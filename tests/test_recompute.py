@@ -18,12 +18,12 @@ import torch
 import torch.nn as nn
 
 import inductor_pass  # registers the torch_replay backend
-from inductor_pass import guard
-from inductor_pass import recompute as R
 from inductor_pass.config import PassConfig
+from inductor_pass.program.units import build_dependences, simulate, static_storages
+from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
 from inductor_pass.report import clear_reports, reports
-from inductor_pass.units import build_dependences, simulate, static_storages
-from inductor_pass.wrapper_ast import parse_wrapper, render_region
+from inductor_pass.stages import guard
+from inductor_pass.stages import recompute as R
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 from recompute_models import ReDimNetStyle, SpecUNet, init_bn  # noqa: E402

@@ -6,11 +6,11 @@ between statements that records which storages every name refers to and, per
 unit, which storages changed (the effect check, Note [Effect check scope]),
 and once in a counting window that records the live bytes after and the
 transient bytes during every statement. The result, :class:`Profiled`, is the
-byte-exact :class:`~inductor_pass.units.ProgramModel` of the program (Note
-[Wrapper memory model] in ``inductor_pass/units.py``), checked against the
+byte-exact :class:`~inductor_pass.program.units.ProgramModel` of the program (Note
+[Wrapper memory model] in ``inductor_pass/program/units.py``), checked against the
 measured live bytes statement by statement, or the reason the graph is left
-unchanged. The search (``inductor_pass/search.py``) and the decision
-(``inductor_pass/decide.py``) follow.
+unchanged. The search (``inductor_pass/stages/search.py``) and the decision
+(``inductor_pass/stages/decide.py``) follow.
 """
 
 from __future__ import annotations
@@ -22,19 +22,19 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from inductor_pass.guard import (
-    _PROBE,
-    _bytes_view,
-    _clone_list,
-    _ext,
-    _RuntimeArgs,
-    _tensors,
-    _with_rng,
+from inductor_pass.program.units import ProgramModel, declared_effects, simulate
+from inductor_pass.program.wrapper_ast import StmtKind, Wrapper, render_region
+from inductor_pass.stages.guard import (
+    PROBE_PREFIX,
+    RuntimeArgs,
     build_call,
+    bytes_view,
+    clone_list,
     counting_window,
+    extension,
+    tensors_in,
+    with_rng,
 )
-from inductor_pass.units import ProgramModel, declared_effects, simulate
-from inductor_pass.wrapper_ast import StmtKind, Wrapper, render_region
 
 __all__ = [
     "EffectsProfile",
@@ -54,9 +54,9 @@ def storage_digest(st: torch.UntypedStorage) -> tuple[int, int]:
     copies of every live storage: no extra memory, one read per storage per
     probe. Two different contents hash equal with probability about 2^-128.
     """
-    _ext()  # loads the extension, which registers the op
+    extension()  # loads the extension, which registers the op
     ranges = torch.tensor([[0, st.nbytes()]], dtype=torch.int64)
-    h = torch.ops.torch_replay.hash_ranges(_bytes_view(st), ranges)
+    h = torch.ops.torch_replay.hash_ranges(bytes_view(st), ranges)
     lo, hi = h.tolist()
     return int(lo), int(hi)
 
@@ -105,7 +105,7 @@ def _probe_lines(num_positions: int) -> dict[int, str]:
     about 700 MB on a MobileNetV2 training graph (issue 12); ``locals()`` keeps
     it linear.
     """
-    return {p: f"{_PROBE}({p}, locals())" for p in range(num_positions)}
+    return {p: f"{PROBE_PREFIX}({p}, locals())" for p in range(num_positions)}
 
 
 def _effect_scopes(
@@ -188,7 +188,7 @@ def profile_effects(
 
     def storages_of(value: Any) -> dict[int, torch.UntypedStorage]:
         out: dict[int, torch.UntypedStorage] = {}
-        for t in _tensors(value):
+        for t in tensors_in(value):
             st = t.untyped_storage()
             if st.nbytes() == 0:
                 continue
@@ -243,13 +243,13 @@ def profile_effects(
     reach = _effect_scopes(wrapper, resolve) if check_bytes else {}
     src = render_region(wrapper, order, probes=_probe_lines(len(per_pos)))
     call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
-    args = _clone_list(inputs)
+    args = clone_list(inputs)
 
     def run():
         with torch.no_grad():
             return call(list(args))
 
-    out = _with_rng(run)
+    out = with_rng(run)
     # A name bound by a unit keeps the storages seen right after that unit.
     del out
     if check_bytes:
@@ -329,7 +329,7 @@ def profile_memory(
         bytes above the live count while it ran and the live bytes after it
         (owned inputs count from the start), and the peak of the whole run.
     """
-    ext = _ext()
+    ext = extension()
     n = len(wrapper.region)
     live: list[int] = [0] * (n + 1)
     peak: list[int] = [0] * (n + 1)
@@ -340,16 +340,18 @@ def profile_memory(
         peak[pos] = s["peak"]
         ext.counting_reset_peak()
 
-    src = render_region(wrapper, list(range(n)), probes={p: f"{_PROBE}({p})" for p in range(n + 1)})
+    src = render_region(
+        wrapper, list(range(n)), probes={p: f"{PROBE_PREFIX}({p})" for p in range(n + 1)}
+    )
     call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
-    args = _RuntimeArgs(inputs, owned, shared)
+    args = RuntimeArgs(inputs, owned, shared)
 
     def run():
         with torch.no_grad(), counting_window():
             out = call(args.take())
         return out
 
-    out = _with_rng(run)
+    out = with_rng(run)
     del out
     transient = [peak[p + 1] - live[p] for p in range(n)]
     return transient, live[1:], max(peak)
@@ -397,7 +399,7 @@ def profile_program(
     Raises:
         DynamicShapes: An input is a symbolic integer.
     """
-    from inductor_pass.guard import input_views
+    from inductor_pass.stages.guard import input_views
 
     inputs = input_views(real_inputs)
     flags = [bool(o) for o in owned] if owned is not None else [False] * len(inputs)

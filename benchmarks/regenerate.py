@@ -26,7 +26,7 @@ module does that, for benchmarks only (nothing here is deployed):
   through the ``torch_replay`` backend while it is active: a copy of the FX
   graph before compilation, its example inputs and compile options, and at
   the first call copies of the real inputs, their ownership (Note [Input
-  ownership] in ``inductor_pass/guard.py``), the original call and the
+  ownership] in ``inductor_pass/stages/guard.py``), the original call and the
   pass's report. :func:`regenerate` then compiles and measures the
   regenerated program exactly as the guard measures the pass's programs.
 
@@ -52,8 +52,8 @@ __all__ = ["Capture", "GraphCapture", "Regenerated", "unit_names", "order_pass",
 
 def unit_names(source: str) -> list[set[str]]:
     """Per kernel-call statement of a wrapper, in text order: the names it binds or writes."""
-    from inductor_pass.units import declared_effects
-    from inductor_pass.wrapper_ast import StmtKind, parse_wrapper
+    from inductor_pass.program.units import declared_effects
+    from inductor_pass.program.wrapper_ast import StmtKind, parse_wrapper
 
     wrapper = parse_wrapper(source)
 
@@ -190,7 +190,7 @@ class Capture:
 
     Use as a context manager around compiling and running the first step;
     ``graphs`` then holds one :class:`GraphCapture` per graph whose first
-    call ran. Patches ``inductor_pass.backend._inner_compile`` and
+    call ran. Patches ``inductor_pass.runtime.backend._inner_compile`` and
     ``FirstCallPass._run_pass`` while active (restored on exit).
     """
 
@@ -201,7 +201,7 @@ class Capture:
         """Time spent in the capture itself (copies), to subtract from compile times."""
 
     def __enter__(self) -> Capture:
-        from inductor_pass import backend, first_call
+        from inductor_pass.runtime import backend, first_call
 
         self._inner = backend._inner_compile
         self._run = first_call.FirstCallPass._run_pass
@@ -231,7 +231,8 @@ class Capture:
             g = cap.pending.pop(source, None)
             if g is None:
                 return
-            from inductor_pass import guard, report
+            from inductor_pass import report
+            from inductor_pass.stages import guard
 
             t0 = time.perf_counter()
             g.inputs = guard.copy_real_inputs(args)
@@ -248,7 +249,7 @@ class Capture:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from inductor_pass import backend, first_call
+        from inductor_pass.runtime import backend, first_call
 
         backend._inner_compile = self._inner
         first_call.FirstCallPass._run_pass = self._run
@@ -274,7 +275,7 @@ def _kernel_calls_follow(regen_source: str, target: Sequence[set[str]]) -> bool:
 
 @contextlib.contextmanager
 def _collect() -> Iterator[list[Any]]:
-    from inductor_pass import backend
+    from inductor_pass.runtime import backend
 
     sink: list[Any] = []
     previous = getattr(backend._HOOK, "sink", None)
@@ -304,7 +305,8 @@ def regenerate(g: GraphCapture, target_source: str) -> Regenerated:
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    from inductor_pass import backend, guard
+    from inductor_pass.runtime import backend
+    from inductor_pass.stages import guard
 
     if g.inputs is None:
         raise ValueError("the graph's first call did not run; nothing to measure on")

@@ -31,7 +31,7 @@ before the run (an input), a unit of the chain is a barrier (unknown effects,
 seeded random), a name refers to storages both in and out of ``X``, a name of
 ``S`` is returned, or a non-``del`` statement between ``p`` and ``q`` names
 ``S``. The recomputed program is an ordinary wrapper: the byte-exact model
-(:func:`inductor_pass.units.simulate`, a replayed statement's transient is its
+(:func:`inductor_pass.program.units.simulate`, a replayed statement's transient is its
 original's) and the guard apply unchanged, and it is deployed only when its
 measured peak equals the model and is strictly lower (``rewrite.py``).
 
@@ -65,21 +65,21 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from inductor_pass.recompute_program import (  # noqa: F401  (re-exported)
+from inductor_pass.program.recompute_program import (  # noqa: F401  (re-exported)
     Candidate,
     Program,
     RecomputeResult,
     Refused,
-    _levels,
-    _region_stmt_storages,
     apply,
     candidates,
     find_candidate,
+    levels,
     returned_names,
     single_operator_bound,
+    stmt_storages,
 )
-from inductor_pass.units import ProgramModel, simulate
-from inductor_pass.wrapper_ast import StmtKind, Wrapper
+from inductor_pass.program.units import ProgramModel, simulate
+from inductor_pass.program.wrapper_ast import StmtKind, Wrapper
 
 __all__ = [
     "Candidate",
@@ -195,14 +195,14 @@ def choose(prog: Program, cands: list[Candidate], budget: int) -> tuple[int, lis
     Returns:
         ``(modelled peak of the chosen set in the additive model, chosen)``.
     """
-    base_levels = _levels(prog.model, prog.order)
+    base_levels = levels(prog.model, prog.order)
     deltas, events, costs, keep = [], [], [], []
     for c in cands:
         try:
             one = apply(prog, c, "rcx")
         except Refused:
             continue
-        lv = _levels(one.model, one.order)
+        lv = levels(one.model, one.order)
         pos_base = {k: i for i, k in enumerate(prog.order)}
         delta: list[int | None] = [None] * len(base_levels)
         event = 0
@@ -260,8 +260,8 @@ def unit_costs(
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from inductor_pass import guard
-    from inductor_pass.units import declared_effects
+    from inductor_pass.program.units import declared_effects
+    from inductor_pass.stages import guard
 
     n = len(wrapper.region)
     flops = [0] * (n + 1)
@@ -276,23 +276,23 @@ def unit_costs(
     def probe(p: int, values: dict[str, Any]) -> None:
         flops[p] = counter.get_total_flops()
         if p > 0 and (p - 1) in written:
-            elems[p - 1] = sum(t.numel() for v in values.values() for t in guard._tensors(v))
+            elems[p - 1] = sum(t.numel() for v in values.values() for t in guard.tensors_in(v))
 
     probes = {}
     for p in range(n + 1):
         names = written.get(p - 1, []) if p > 0 else []
-        probes[p] = f"{guard._PROBE}({p}, {{{', '.join(f'{x!r}: {x}' for x in names)}}})"
-    from inductor_pass.wrapper_ast import render_region
+        probes[p] = f"{guard.PROBE_PREFIX}({p}, {{{', '.join(f'{x!r}: {x}' for x in names)}}})"
+    from inductor_pass.program.wrapper_ast import render_region
 
     src = render_region(wrapper, list(range(n)), probes=probes)
     call, _ = guard.build_call(src, base_globals, partitions=partitions, probe=probe)
-    args = guard._clone_list(inputs)
+    args = guard.clone_list(inputs)
 
     def run():
         with torch.no_grad(), counter:
             return call(list(args))
 
-    out = guard._with_rng(run)
+    out = guard.with_rng(run)
     del out
     macs, cost = {}, {}
     for k in written:
@@ -320,9 +320,7 @@ def apply_set(
             if len(qs) != 1:
                 raise Refused("late use not found")
             q = qs[0]
-            stor = [
-                s for s in _region_stmt_storages(prog.model, q) if prog.lineage.get(s, s) == line
-            ]
+            stor = [s for s in stmt_storages(prog.model, q) if prog.lineage.get(s, s) == line]
             if len(stor) != 1:
                 raise Refused("storage not found")
             fresh = find_candidate(

@@ -36,6 +36,8 @@ __all__ = [
     "KernelSig",
     "Wrapper",
     "UnsupportedWrapper",
+    "dotted_name",
+    "names_in",
     "parse_wrapper",
     "render_region",
     "unbound_names",
@@ -118,7 +120,8 @@ class Wrapper:
     kernels: dict[str, KernelSig]
 
 
-def _dotted(node: ast.expr) -> str | None:
+def dotted_name(node: ast.expr) -> str | None:
+    """``"a.b.c"`` for a ``Name``/``Attribute`` chain, else None."""
     parts: list[str] = []
     while isinstance(node, ast.Attribute):
         parts.append(node.attr)
@@ -129,7 +132,8 @@ def _dotted(node: ast.expr) -> str | None:
     return None
 
 
-def _names_in(node: ast.AST) -> list[str]:
+def names_in(node: ast.AST) -> list[str]:
+    """The names ``node`` loads, in first-seen order, once each."""
     out: list[str] = []
     for n in ast.walk(node):
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in out:
@@ -183,7 +187,7 @@ def _kernel_sigs(tree: ast.Module) -> dict[str, KernelSig]:
         ):
             continue
         name = node.targets[0].id
-        func = _dotted(node.value.func)
+        func = dotted_name(node.value.func)
         args = node.value.args
         if func == "async_compile.cpp_pybinding" and len(args) >= 2:
             try:
@@ -256,7 +260,7 @@ def _classify(node: ast.stmt) -> tuple[StmtKind, list[str], list[str], str | Non
             names.append(t.id)
         return StmtKind.DEL, [], names, None, None
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-        callee = _dotted(node.value.func)
+        callee = dotted_name(node.value.func)
         if callee in _CHECK_FUNCS:
             return StmtKind.CHECK, [], [], callee, None
         return StmtKind.UNIT, [], [], callee, None
@@ -273,7 +277,7 @@ def _classify(node: ast.stmt) -> tuple[StmtKind, list[str], list[str], str | Non
             ):
                 return StmtKind.ALIAS, [target.id], [], None, value.value.id
             if isinstance(value, ast.Call):
-                callee = _dotted(value.func)
+                callee = dotted_name(value.func)
                 if callee is not None and _ALLOC_FUNCS.match(callee):
                     return StmtKind.ALLOC, [target.id], [], callee, None
                 if (
@@ -290,7 +294,7 @@ def _classify(node: ast.stmt) -> tuple[StmtKind, list[str], list[str], str | Non
                 if not isinstance(elt, ast.Name):
                     raise UnsupportedWrapper(f"nested unpacking at line {node.lineno}")
                 names.append(elt.id)
-            return StmtKind.UNIT, names, [], _dotted(value.func), None
+            return StmtKind.UNIT, names, [], dotted_name(value.func), None
     raise UnsupportedWrapper(
         f"statement of type {type(node).__name__} at line {node.lineno} is not permuted"
     )
@@ -333,7 +337,7 @@ def parse_wrapper(source: str) -> Wrapper:
         elif (
             isinstance(node, ast.Expr)
             and isinstance(node.value, ast.Call)
-            and _dotted(node.value.func) == f"{args_name}.clear"
+            and dotted_name(node.value.func) == f"{args_name}.clear"
         ):
             i += 1
         else:
@@ -362,7 +366,7 @@ def parse_wrapper(source: str) -> Wrapper:
         elif isinstance(node.value, ast.Call):  # type: ignore[attr-defined]
             uses = sorted(_arg_names(node.value))  # type: ignore[attr-defined]
         else:
-            uses = _names_in(node.value)  # type: ignore[attr-defined]
+            uses = names_in(node.value)  # type: ignore[attr-defined]
         comments, text = _stmt_text(lines, node, line_owner)
         region.append(
             Stmt(
@@ -407,7 +411,7 @@ def parse_wrapper(source: str) -> Wrapper:
 def _arg_names(call: ast.Call) -> set[str]:
     names: set[str] = set()
     for a in [*call.args, *(k.value for k in call.keywords)]:
-        names.update(_names_in(a))
+        names.update(names_in(a))
     return names
 
 
