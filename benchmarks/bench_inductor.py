@@ -10,7 +10,7 @@ For each architecture, in inference (``eval()``, ``no_grad``) and training
   deploys (default or variant, permuted or not) with its modelled / measured
   peak, the min-cut lower bound and whether it certifies the result;
 - the regeneration baseline (Note [Regeneration baseline] in
-  ``inductor_pass/regenerate.py``): where the pass found a better order, that
+  ``benchmarks/regenerate.py``): where the pass found a better order, that
   order is fed back to Inductor's scheduler and the program regenerated;
   ``predicted`` is the pass's modelled peak of its order, ``measured`` the
   regenerated program's peak;
@@ -58,9 +58,10 @@ import torch.nn as nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import inductor_pass  # noqa: E402  (registers the backend)
-from inductor_pass import PassConfig, make_backend, regenerate  # noqa: E402
+from inductor_pass import PassConfig, make_backend  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import regenerate  # noqa: E402
 from inductor_table import command_line, render  # noqa: E402
 from inductor_zoo import COMPACT, QUICK, model_list  # noqa: E402
 

@@ -34,6 +34,11 @@ class CompileObserver:
     ) -> None:
         """The inner compile returned ``compiled`` (a ``CompiledFxGraph``), variants included."""
 
+    def variants_compiled(self, source: str | None, variants: list[Any], notes: list[str]) -> None:
+        """The inner compile of the default program ``source`` made ``variants``
+        (``inductor_pass.variants.choose.Variant``; ``notes`` say where each was
+        generated and why any is missing)."""
+
     def profiled(self, source: str, profiled: Any) -> None:
         """The pass profiled the program ``source`` (``inductor_pass.stages.profile.Profiled``)."""
 

@@ -173,6 +173,9 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
     with active(state):
         hooked = install_post_compile_hook()
         out, variants = variant_compile.compile_with_variants(gm, example_inputs, kw, state)
+    notify(
+        "variants_compiled", getattr(out, "source_code", None), variants.variants, variants.notes
+    )
     armed = state.armed[-1] if state.armed else None
     if armed is not None:
         armed.variants.extend(variants.variants)
