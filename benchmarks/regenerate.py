@@ -54,6 +54,7 @@ from inductor_pass.program.units import declared_effects
 from inductor_pass.program.wrapper_ast import StmtKind, parse_wrapper
 from inductor_pass.runtime.backend import install_post_compile_hook
 from inductor_pass.runtime.state import collecting
+from inductor_pass.runtime.variant_compile import copy_graph
 from inductor_pass.stages import guard
 from inductor_pass.variants.choose import Program
 
@@ -215,7 +216,7 @@ class Capture(CompileObserver):
 
     def before_inner_compile(self, gm: Any, example_inputs: Any, kwargs: dict[str, Any]) -> None:
         t0 = time.perf_counter()
-        self._before[id(gm)] = copy.deepcopy(gm)
+        self._before[id(gm)] = copy_graph(gm)
         self.overhead_s += time.perf_counter() - t0
 
     def after_inner_compile(

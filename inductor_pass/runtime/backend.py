@@ -263,3 +263,9 @@ def register() -> None:
     # register_backend asserts on a name it has; ``_BACKENDS`` maps registered names to None.
     if "torch_replay" not in _COMPILER_FNS:
         register_backend(torch_replay_backend, name="torch_replay")
+    # torch.compile(backend="inductor") imports Inductor's compile module when torch.compile
+    # is called (torch/__init__.py, _TorchCompileInductorWrapper); a string or callable
+    # backend would import it inside the first compile instead, and with it the
+    # DeprecationWarnings torch.utils.mkldnn raises at import. Import it here, as Inductor does.
+    with contextlib.suppress(Exception):
+        import torch._inductor.compile_fx  # noqa: F401

@@ -23,7 +23,7 @@ from inductor_pass.stages import guard
 from inductor_pass.variants import fork, kernels
 from inductor_pass.variants.choose import Program, Variant, flipped_options, program_of
 
-__all__ = ["Variants", "compile_with_variants"]
+__all__ = ["Variants", "compile_with_variants", "copy_graph"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -71,6 +71,21 @@ def compile_with_variants(gm: Any, example_inputs: Any, kw: dict[str, Any], stat
     return out, made
 
 
+def copy_graph(gm: Any) -> Any:
+    """A deep copy of ``gm`` for another compile (Inductor's passes rewrite a graph in place).
+
+    Taken outside the tracing's fake mode: a graph can hold real tensors (a
+    constant such as ``torch.tensor([1.0, 2.0])`` in the user's code is a
+    ``_tensor_constant`` attribute), and copying one under the fake mode fails
+    in ``aten.set_`` (its storage is not on the ``meta`` device), after
+    ``FakeTensorMode`` has logged the failure at ERROR level.
+    """
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return copy.deepcopy(gm)
+
+
 def _variant_options(example_inputs, config: PassConfig) -> list[tuple[str, dict[str, bool]]]:
     """``(name, Inductor config patch)`` of each variant to compile for this graph."""
     from torch._inductor import config as inductor_config
@@ -93,7 +108,7 @@ def _start_forks(gm, example_inputs, kw, options, config: PassConfig, notes: lis
         return forked, None
     pristine = None
     try:
-        pristine = copy.deepcopy(gm)  # for a variant the child fails to make
+        pristine = copy_graph(gm)  # for a variant the child fails to make
     except Exception as exc:
         notes.append(f"no copy of the graph for a fallback ({type(exc).__name__})")
     for name, patch in options:
@@ -156,7 +171,7 @@ def _compile_variants(gm, example_inputs, kw, config: PassConfig, options, state
             strides.clear()  # empty before a compile (a fallback variant runs after the default's)
         deferred: list[kernels.DeferredWait] = []
         try:
-            gm_copy = copy.deepcopy(gm)
+            gm_copy = copy_graph(gm)
             with (
                 collecting() as sink,
                 kernels.deferring_waits(deferred),  # Note [Deferred variant kernels]
