@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from inductor_pass.program.wrapper_ast import parse_wrapper
-from inductor_pass.stages import guard, profile
+from inductor_pass.stages import effects, guard
 
 
 def test_input_ownership_sees_only_list_references():
@@ -99,13 +99,13 @@ def test_effect_check_by_hashes_finds_undeclared_writes(honest):
         "k_rw": k_rw,
         "empty_strided_cpu": torch._C._dynamo.guards._empty_strided_cpu,
     }
-    prof = profile.profile_effects(parse_wrapper(_EFFECT_WRAPPER), glob, [torch.ones(4)])
+    prof = effects.profile_effects(parse_wrapper(_EFFECT_WRAPPER), glob, [torch.ones(4)])
     if honest:
         assert prof.problems == []
     else:
         assert any("undeclared write by statement" in p for p in prof.problems), prof.problems
     st = torch.ones(4).untyped_storage()
-    before = profile.storage_digest(st)
-    assert profile.storage_digest(st) == before
+    before = effects.storage_digest(st)
+    assert effects.storage_digest(st) == before
     torch.empty(0, dtype=torch.uint8).set_(st)[5] ^= 1
-    assert profile.storage_digest(st) != before
+    assert effects.storage_digest(st) != before

@@ -1,10 +1,9 @@
 """Recomputation candidates and their rewriting of a wrapper program.
 
-The program side of Note [Recomputation in the wrapper] (in
-``inductor_pass/stages/recompute.py``, which chooses among the candidates and runs the
-stage): :func:`find_candidate` and :func:`candidates` find ``(S, q)`` pairs and
-their replay chains, :func:`apply` rewrites a :class:`Program` so that ``S`` is
-freed after its last use before ``q`` and rebuilt just before ``q``.
+The program side of Note [Recomputation in the wrapper] (``inductor_pass/stages/recompute.py``
+chooses among the candidates and runs the stage): :func:`find_candidate` and
+:func:`candidates` find ``(S, q)`` pairs and their replay chains, :func:`apply` rewrites a
+:class:`Program` so that ``S`` is freed after its last use before ``q`` and rebuilt before ``q``.
 """
 
 from __future__ import annotations

@@ -109,7 +109,7 @@ def declared_effects(
     """
     import ast
 
-    from inductor_pass.program.wrapper_ast import names_in
+    from inductor_pass.program.kernel_sigs import names_in
 
     call = st.node.value  # type: ignore[attr-defined]
     assert isinstance(call, ast.Call)

@@ -45,8 +45,9 @@ from collections.abc import Callable
 
 import torch
 
+from inductor_pass.program.kernel_sigs import dotted_name
 from inductor_pass.program.units import ProgramModel, build_dependences, simulate
-from inductor_pass.program.wrapper_ast import Stmt, StmtKind, Wrapper, dotted_name, parse_wrapper
+from inductor_pass.program.wrapper_ast import Stmt, StmtKind, Wrapper, parse_wrapper
 
 __all__ = ["StaticModelError", "alloc_bytes", "static_model", "confirm_rules", "variant_bound"]
 
