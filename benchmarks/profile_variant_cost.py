@@ -28,7 +28,7 @@ one fresh process with an empty ``TORCHINDUCTOR_CACHE_DIR``:
 
 - ``no-defer``: the variant's kernel wait where Inductor does it, at its module
   load, instead of after the default program's code generation (Note
-  [Deferred variant kernels] in ``inductor_pass/runtime/backend.py``);
+  [Deferred variant kernels] in ``inductor_pass/variants/kernels.py``);
 - ``fork-codegen``: the variant's lowering and code generation run in a forked
   child (one thread) while the parent compiles the default program; the parent
   then loads the variant's source, compiling its kernels in its own pool;

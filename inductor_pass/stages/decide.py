@@ -1,6 +1,6 @@
 """The decide stage: measure both programs and apply the deploy rule (design.md §3.1).
 
-Deploy rule (CPU, Theorem 1): the permuted program replaces the original only
+Deploy rule (CPU; the six conditions of ``docs/design.md`` §3.1): the permuted program replaces the original only
 when (1) the profiled run shows effect completeness (no undeclared write) and
 the ownership records hold (every statement's live-byte delta equals the
 modelled one), (2) the modelled peak equals the measured peak, to the byte, for

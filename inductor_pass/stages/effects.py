@@ -85,7 +85,8 @@ def _probe_lines(num_positions: int) -> dict[int, str]:
 
     A literal dict of those names at every position (as before) made the
     instrumented source quadratic in the graph's size, and compiling it took
-    about 700 MB on a MobileNetV2 training graph (issue 12); ``locals()`` keeps
+    about 700 MB on a MobileNetV2 training graph (``benchmarks/results/compile_tv.md``);
+    ``locals()`` keeps
     it linear.
     """
     return {p: f"{PROBE_PREFIX}({p}, locals())" for p in range(num_positions)}
@@ -108,7 +109,7 @@ def _effect_scopes(
     that has no schema) gets every live storage hashed, as before. Hashing only
     a unit's own operands makes the check cost the bytes each unit touches
     instead of every live byte per unit (ViT-B/16 inference: 112 s of hashing of
-    the weights at every one of its units, issue 12).
+    the weights at every one of its units, ``benchmarks/results/compile_tv.md``).
     """
     return {
         st.index: None

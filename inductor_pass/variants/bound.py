@@ -6,8 +6,8 @@ can only be deployed when its measured peak is strictly below the default
 program's deployed one, ``P``. Running the pass on a variant needs its C++
 kernels, and compiling those is most of what a variant costs at a cold
 compile (about one second of CPU per kernel body the default does not share,
-issue 12). So the variant's kernels are built lazily (Note [Lazy variant
-kernels] in ``inductor_pass/runtime/backend.py``), and at the first call the pass
+``benchmarks/results/compile_tv.md``). So the variant's kernels are built lazily (Note [Lazy variant
+kernels] in ``inductor_pass/variants/kernels.py``), and at the first call the pass
 first bounds the variant from its source alone: if no order of its kernel
 calls can peak below ``P``, it is reported with that bound and never built.
 

@@ -22,7 +22,7 @@ variant's, and never above the default. Every variant's peaks and bounds are
 in the report (``GraphReport.variants``). A variant whose source is the default
 program's is not run through the pass again (the default's figures are copied).
 A variant's C++ kernels are built only when it is run (Note [Lazy variant
-kernels] in ``inductor_pass/runtime/backend.py``), and it is not run when its lower
+kernels] in ``inductor_pass/variants/kernels.py``), and it is not run when its lower
 bound, from its source and the default's profile, is not below the default's
 deployed peak (Note [Variant bound] in ``inductor_pass/variants/bound.py``):
 then its report entry has that bound and no peaks.
