@@ -109,7 +109,7 @@ def _effect_scopes(
     that has no schema) gets every live storage hashed, as before. Hashing only
     a unit's own operands makes the check cost the bytes each unit touches
     instead of every live byte per unit (ViT-B/16 inference: 112 s of hashing of
-    the weights at every one of its units, ``benchmarks/results/compile_tv.md``).
+    the weights at every one of its units, measured under torch 2.14).
     """
     return {
         st.index: None
