@@ -5,7 +5,8 @@ A benchmark that studies the pass (the regeneration baseline, the variant-cost
 profiler, the stage profiler in ``benchmarks/``) needs what the backend sees:
 the FX graph before Inductor compiles it, the compiled program, the first
 call's real inputs and their ownership, the profile of each program, the
-report. :func:`observing` registers a :class:`CompileObserver` for the block
+report, and how long each step of the backend takes (:func:`span`).
+:func:`observing` registers a :class:`CompileObserver` for the block
 (every thread; observers are process-wide, like the backend's hooks), and the
 backend calls each of its methods at that point. An observer only looks: it
 must not change its arguments (copy what it keeps), and an exception it raises
@@ -17,14 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["CompileObserver", "notify", "observing"]
+__all__ = ["CompileObserver", "notify", "observing", "span"]
 
 
 class CompileObserver:
     """Base class: every method is a no-op; override the points to observe."""
+
+    def span_start(self, name: str) -> None:
+        """A step of the backend named ``name`` starts (see :func:`span`)."""
+
+    def span_end(self, name: str, seconds: float) -> None:
+        """The step ``name`` ended (also when it raised) after ``seconds`` of wall time."""
 
     def before_inner_compile(self, gm: Any, example_inputs: Any, kwargs: dict[str, Any]) -> None:
         """Inductor's inner compile of ``gm`` is about to start (the graph is still unlowered)."""
@@ -77,6 +85,27 @@ def observing(observer: CompileObserver) -> Iterator[CompileObserver]:
     finally:
         with _LOCK:
             _OBSERVERS.remove(observer)
+
+
+@contextlib.contextmanager
+def _span(name: str) -> Iterator[None]:
+    notify("span_start", name)
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        notify("span_end", name, time.perf_counter() - t0)
+
+
+_NO_SPAN = contextlib.nullcontext()
+
+
+def span(name: str) -> contextlib.AbstractContextManager[None]:
+    """A step of the backend, reported to observers by name: ``"inner compile"``,
+    ``"variant programs"``, ``"first-call pass"``, ``"profile stage"``, ``"search
+    stage"``, ``"decide stage"``, ``"variant choice"``. Free (a shared no-op context)
+    when no observer is registered."""
+    return _span(name) if _OBSERVERS else _NO_SPAN
 
 
 def notify(point: str, *args: Any) -> None:

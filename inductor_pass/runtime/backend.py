@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from inductor_pass.config import PassConfig, get_config
-from inductor_pass.observe import notify
+from inductor_pass.observe import notify, span
 from inductor_pass.report import GraphReport, record
 from inductor_pass.runtime import decision_cache, variant_compile
 from inductor_pass.runtime.first_call import FirstCallPass
@@ -170,7 +170,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
     kind = _kind(kw)
     notify("before_inner_compile", gm, example_inputs, kw)
     state = HookState(config=_config)
-    with active(state):
+    with active(state), span("inner compile"):
         hooked = install_post_compile_hook()
         out, variants = variant_compile.compile_with_variants(gm, example_inputs, kw, state)
     notify(

@@ -7,7 +7,7 @@ import traceback
 from typing import Any
 
 from inductor_pass.config import PassConfig
-from inductor_pass.observe import notify
+from inductor_pass.observe import notify, span
 from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
 from inductor_pass.report import GraphReport, record
 from inductor_pass.runtime import decision_cache
@@ -56,7 +56,8 @@ class FirstCallPass:
                 owned = None
             call = self.impl
             t0 = time.perf_counter()
-            rep = self._run_pass(args, owned, *pending)
+            with span("first-call pass"):
+                rep = self._run_pass(args, owned, *pending)
             notify("first_call", pending[0], args, owned, call, rep, time.perf_counter() - t0)
             self.impl = self._next if self._next is not None else call
             return call(args)
@@ -149,7 +150,8 @@ class FirstCallPass:
             best, why = cands[0], "variants are chosen on CPU only (byte-exact guard)"
         else:
             try:
-                best, why = choose.choose(cands, args, owned)
+                with span("variant choice"):
+                    best, why = choose.choose(cands, args, owned)
             except Exception as exc:  # a variant is an option; never fatal
                 best, why = cands[0], f"variant choice failed ({type(exc).__name__}: {exc})"
         rep.variants = {c.name: choose.summary(c.report) for c in cands}

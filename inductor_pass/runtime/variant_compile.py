@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inductor_pass.config import PassConfig
+from inductor_pass.observe import span
 from inductor_pass.runtime.state import HookState, collecting, detach
 from inductor_pass.stages import guard
 from inductor_pass.variants import fork, kernels
@@ -155,12 +156,17 @@ def _compile_variants(gm, example_inputs, kw, config: PassConfig, options, state
     Appends each compiled variant to ``made.variants``, and why any variant is
     missing to ``made.notes``.
     """
+    if not options:
+        return
+    with span("variant programs"):
+        _compile_each(gm, example_inputs, kw, config, options, state, made)
+
+
+def _compile_each(gm, example_inputs, kw, config: PassConfig, options, state, made) -> None:
     from torch._guards import TracingContext
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    if not options:
-        return
     context = TracingContext.try_get()
     for name, patch in options:
         # post_compile records the graph's output strides in the tracing

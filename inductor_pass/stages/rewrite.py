@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from inductor_pass.config import PassConfig
-from inductor_pass.observe import notify
+from inductor_pass.observe import notify, span
 from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
 from inductor_pass.report import GraphReport
 from inductor_pass.stages import guard
@@ -113,15 +113,16 @@ def optimize_wrapper(
 
     stage("profile")
     try:
-        prof = profile_program(
-            wrapper,
-            base_globals,
-            real_inputs,
-            owned=owned,
-            partitions=partitions,
-            check_effects=config.check_effects,
-            resolve=resolve,
-        )
+        with span("profile stage"):
+            prof = profile_program(
+                wrapper,
+                base_globals,
+                real_inputs,
+                owned=owned,
+                partitions=partitions,
+                check_effects=config.check_effects,
+                resolve=resolve,
+            )
     except guard.DynamicShapes as exc:
         return done(f"left unchanged: dynamic shapes ({exc}); a peak is certified per size")
     notify("profiled", source, prof)  # Note [Compile observers]
@@ -136,14 +137,15 @@ def optimize_wrapper(
         return done("left unchanged: " + prof.refusal)
 
     stage("search")
-    found = search_program(
-        prof,
-        base_globals=base_globals,
-        partitions=partitions,
-        resolve=resolve,
-        config=config,
-        rep=rep,
-    )
+    with span("search stage"):
+        found = search_program(
+            prof,
+            base_globals=base_globals,
+            partitions=partitions,
+            resolve=resolve,
+            config=config,
+            rep=rep,
+        )
     res = found.result
     rep.num_units = found.num_units
     rep.search_seconds = res.core_seconds
@@ -171,16 +173,17 @@ def optimize_wrapper(
     rep.permuted_order = None if found.recomputed else list(res.stmt_order)
 
     stage("guard")
-    d = decide(
-        prof,
-        found,
-        new_src,
-        original_call=original_call,
-        base_globals=base_globals,
-        partitions=partitions,
-        config=config,
-        kind=kind,
-    )
+    with span("decide stage"):
+        d = decide(
+            prof,
+            found,
+            new_src,
+            original_call=original_call,
+            base_globals=base_globals,
+            partitions=partitions,
+            config=config,
+            kind=kind,
+        )
     rep.measured_original_peak = d.measured_original_peak
     rep.measured_permuted_peak = d.measured_permuted_peak
     rep.measured_all_held_peaks = d.measured_all_held_peaks
