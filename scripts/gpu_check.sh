@@ -44,6 +44,7 @@
 #                            GoogleTest); skipped when too little time is left
 set -uo pipefail
 cd "$(dirname "$0")/.."
+set -a; . ./build.env; set +a  # the build, described once (C++ standards, flags, Boost)
 ROOT="$PWD"
 
 DRY=0
@@ -201,7 +202,7 @@ import glob, os, sys
 import torch
 import torch_replay._C as C
 built = os.path.getmtime(C.__file__)
-srcs = glob.glob("csrc/**/*", recursive=True) + ["setup.py"]
+srcs = glob.glob("csrc/**/*", recursive=True) + ["setup.py", "build.env"]
 if torch.version.cuda:  # a CPU build compiles neither cuda/ nor csrc/aten/cuda/
     srcs += glob.glob("cuda/*")
 else:
@@ -262,7 +263,7 @@ print(" ".join("-I" + p for p in ce.include_paths()), "-I" + sysconfig.get_paths
   for f in csrc/aten/cuda/*.cpp; do
     echo "-- g++ -fsyntax-only $f"
     # C10_CUDA_NO_CMAKE_CONFIGURE_FILE: a CPU torch lacks c10/cuda's generated macros header.
-    g++ -std=c++17 -fsyntax-only -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE -DTORCH_REPLAY_WITH_CUDA=1 \
+    g++ -std="c++$CXX_STANDARD" -fsyntax-only -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE -DTORCH_REPLAY_WITH_CUDA=1 \
       -DTORCH_API_INCLUDE_EXTENSION_H -DTORCH_EXTENSION_NAME=_C $inc -Icsrc -Icuda "$f" \
       || failed+=("$f")
   done
@@ -276,8 +277,8 @@ step_journal_kernels() {
   # The first architecture of TORCH_CUDA_ARCH_LIST (default 9.0: H100/H200) as sm_XY.
   local bin="$WORK/journal_kernels_test" arch
   arch="sm_$(echo "${TORCH_CUDA_ARCH_LIST:-9.0}" | tr ' ;' '\n\n' | head -1 | tr -d '.' | sed 's/+PTX//')"
-  nvcc -std=c++17 -O2 -arch="$arch" -Icuda cuda/journal_kernels.cu cuda/journal_kernels_test.cu -o "$bin" \
-    || nvcc -std=c++17 -O2 -arch="$arch" -cudart shared -Icuda cuda/journal_kernels.cu \
+  nvcc -std="c++$CXX_STANDARD" "$OPT_LEVEL" -arch="$arch" -Icuda cuda/journal_kernels.cu cuda/journal_kernels_test.cu -o "$bin" \
+    || nvcc -std="c++$CXX_STANDARD" "$OPT_LEVEL" -arch="$arch" -cudart shared -Icuda cuda/journal_kernels.cu \
       cuda/journal_kernels_test.cu -o "$bin" \
     || { note "nvcc -arch=$arch failed: see logs/journal_kernels.log"; return 1; }
   "$bin" | tee "$OUT_DIR/journal_kernels_output.txt"
