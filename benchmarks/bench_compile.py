@@ -10,7 +10,7 @@ inductor. CPU, FP32, one thread; the machine is shared, so times are
 indicative.
 
 Run:
-    nice -n 10 .venv/bin/python benchmarks/bench_compile.py [--reps 3]
+    nice -n 10 .venv/bin/python -m benchmarks.bench_compile [--reps 3]
         [--models mlp,convnet,segment] [--out benchmarks/results/compile.md]
 prints the table; writes it only with ``--out``. ``--reps 1 --models mlp`` is a
 small run. ``--models tv:resnet50,tv:inference:vit_b_16`` uses torchvision models

@@ -10,7 +10,7 @@ come from the backend's compile observers (Note [Compile observers] in
 against plain Inductor use ``benchmarks/bench_compile.py``.
 
 Run:
-    nice -n 10 python benchmarks/profile_pass_stages.py --model tv:mobilenet_v2
+    nice -n 10 python -m benchmarks.profile_pass_stages --model tv:mobilenet_v2
         [--backend torch_replay|inductor] [--tv-size 64]
 (``tv:inference:vit_b_16`` for inference; ``tv:`` models need torchvision, the
 torch 2.14.1 environment; ``mlp`` / ``convnet`` / ``segment`` run anywhere.)
@@ -21,15 +21,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from inductor_pass.observe import CompileObserver, observing  # noqa: E402
+from inductor_pass.observe import CompileObserver, observing
 
 _INDENT = {"inner compile": "", "first-call pass": ""}
 
@@ -72,9 +67,9 @@ def main() -> None:
     os.environ["BENCH_COMPILE_TV_SIZE"] = str(args.tv_size)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="pass_stages_"))
     import torch
-    from bench_compile import _build
 
     import inductor_pass
+    from benchmarks.bench_compile import _build
 
     torch.set_num_threads(1)
     model, inputs, train = _build(args.model)

@@ -38,7 +38,7 @@ The pass's profiles come from its compile observers (Note [Compile observers] in
 are timed by wrapping Inductor's functions (it has no observer of its own).
 
 Run (torchvision models need the torch 2.14.1 environment):
-    TORCH_REPLAY_NO_CUDA=1 OMP_NUM_THREADS=1 python benchmarks/profile_variant_cost.py \\
+    TORCH_REPLAY_NO_CUDA=1 OMP_NUM_THREADS=1 python -m benchmarks.profile_variant_cost \\
         --model tv:resnet18 [--backend inductor] [--experiment fork-codegen]
 Prints only. The Inductor timers and the -O experiments wrap private Inductor
 functions of the torch they were written against (2.13 / 2.14); they are
@@ -53,15 +53,10 @@ import functools
 import os
 import re
 import resource
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from inductor_pass.observe import CompileObserver, observing  # noqa: E402
+from inductor_pass.observe import CompileObserver, observing
 
 TIMES: dict[tuple[str, str], float] = collections.defaultdict(float)
 SOURCES: list[tuple[str, str]] = []
@@ -267,10 +262,10 @@ def main() -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="variant_cost_"))
     t_start = time.perf_counter()
     import torch
-    from bench_compile import _build
     from torch._inductor.async_compile import shutdown_compile_workers
 
     import inductor_pass
+    from benchmarks.bench_compile import _build
 
     _instrument()
     _experiment(args.experiment)

@@ -311,10 +311,10 @@ step_pytest_cuda() {
 step_inductor() {
   envs
   if [ "$DRY" = 1 ]; then
-    "$PY" benchmarks/bench_inductor_device.py --device cpu --size tiny --models block,unet \
+    "$PY" -m benchmarks.bench_inductor_device --device cpu --size tiny --models block,unet \
       --budget-s 60 --out "$OUT_DIR"
   else
-    "$PY" benchmarks/bench_inductor_device.py --device cuda --size small --budget-s 100 \
+    "$PY" -m benchmarks.bench_inductor_device --device cuda --size small --budget-s 100 \
       --out "$OUT_DIR"
   fi
   local rc=$?
@@ -343,7 +343,7 @@ step_bench_checkpoint() {
   envs
   local dev=cuda args=(--reps 10)
   [ "$DRY" = 1 ] && dev=cpu && args=(--reps 1 --width 256)
-  "$PY" benchmarks/bench_checkpoint.py overhead --device "$dev" "${args[@]}" \
+  "$PY" -m benchmarks.bench_checkpoint overhead --device "$dev" "${args[@]}" \
     --json "$OUT_DIR/bench_checkpoint_$dev.json" --out "$OUT_DIR/bench_checkpoint_$dev.md" || return 1
   note "$dev, torch_replay vs torch.utils.checkpoint: $(grep -E '^\| use_reentrant' \
     "$OUT_DIR/bench_checkpoint_$dev.md" | awk -F'|' '{ gsub(/ /, ""); printf "%s time ratio %s, peak ratio %s; ", $2, $5, $6 }')(bench_checkpoint_$dev.md)"

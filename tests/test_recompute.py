@@ -8,9 +8,7 @@ emitted program) for the chooser; the original Inductor program and plain
 from __future__ import annotations
 
 import itertools
-import os
 import random
-import sys
 import textwrap
 
 import pytest
@@ -18,6 +16,7 @@ import torch
 import torch.nn as nn
 
 import inductor_pass  # registers the torch_replay backend
+from benchmarks.recompute_models import ReDimNetStyle, SpecUNet, init_bn
 from inductor_pass.config import PassConfig
 from inductor_pass.program.units import build_dependences, simulate, static_storages
 from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
@@ -25,9 +24,6 @@ from inductor_pass.report import clear_reports, reports
 from inductor_pass.stages import guard
 from inductor_pass.stages import recompute as R
 from inductor_pass.stages.recompute_choice import branch_and_bound, core_chooser
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
-from recompute_models import ReDimNetStyle, SpecUNet, init_bn  # noqa: E402
 
 _HEADER = """
 import torch
