@@ -34,6 +34,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("mlp", "convnet", "segment")
 
 
+def build_step(name: str):
+    """The model ``name`` (in eval mode when its step is inference) and ``step(f)``: one step
+    of it through ``f`` (``torch.compile(model, ...)``): a training step's loss
+    ``out.float().pow(2).sum()`` backward, or an inference call under ``no_grad``."""
+    import torch
+
+    model, inputs, train = _build(name)
+    if not train:
+        model.eval()
+
+    def step(f):
+        if not train:
+            with torch.no_grad():
+                return f(*inputs)
+        out = f(*inputs)
+        out.float().pow(2).sum().backward()
+        return out
+
+    return model, step
+
+
 def _build(name: str):
     import torch
     import torch.nn as nn
@@ -100,19 +121,7 @@ def child(name: str, backend: str) -> None:
         import inductor_pass  # noqa: F401  (registers the backend)
     t_import = time.perf_counter() - t_import
     torch.set_num_threads(1)
-    model, inputs, train = _build(name)
-
-    if not train:
-        model.eval()
-
-    def step(f):
-        if not train:
-            with torch.no_grad():
-                return f(*inputs)
-        out = f(*inputs)
-        out.float().pow(2).sum().backward()
-        return out
-
+    model, step = build_step(name)
     f = torch.compile(model, backend=backend)
     t0 = time.perf_counter()
     step(f)

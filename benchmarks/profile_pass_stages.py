@@ -69,21 +69,15 @@ def main() -> None:
     import torch
 
     import inductor_pass
-    from benchmarks.bench_compile import _build
+    from benchmarks.bench_compile import build_step
 
     torch.set_num_threads(1)
-    model, inputs, train = _build(args.model)
-    if not train:
-        model.eval()
+    model, step = build_step(args.model)
     print(f"start: {_mem()}", flush=True)
     f = torch.compile(model, backend=args.backend)
     t0 = time.perf_counter()
     with observing(StagePrinter()):
-        if train:
-            f(*inputs).float().pow(2).sum().backward()
-        else:
-            with torch.no_grad():
-                f(*inputs)
+        step(f)
     print(f"first step {time.perf_counter() - t0:.1f} s, {_mem()}")
     for r in inductor_pass.reports():
         print(

@@ -265,22 +265,16 @@ def main() -> None:
     from torch._inductor.async_compile import shutdown_compile_workers
 
     import inductor_pass
-    from benchmarks.bench_compile import _build
+    from benchmarks.bench_compile import build_step
 
     _instrument()
     _experiment(args.experiment)
     torch.set_num_threads(1)
-    model, inputs, train = _build(args.model)
-    if not train:
-        model.eval()
+    model, step = build_step(args.model)
     f = torch.compile(model, backend=args.backend)
     t0 = time.perf_counter()
     with observing(_Profiles()):
-        if train:
-            f(*inputs).float().pow(2).sum().backward()
-        else:
-            with torch.no_grad():
-                f(*inputs)
+        step(f)
     step = time.perf_counter() - t0
     shutdown_compile_workers()
     own = resource.getrusage(resource.RUSAGE_SELF)

@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-__all__ = ["GraphReport", "reports", "clear_reports", "record", "dump"]
+__all__ = ["GraphReport", "reports", "clear_reports", "failed", "record", "dump"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -168,6 +168,20 @@ def reports() -> list[GraphReport]:
 def clear_reports() -> None:
     """Forget the reports (tests)."""
     _REPORTS.clear()
+
+
+def failed(kind: str, source: str | None, exc: BaseException) -> GraphReport:
+    """The report of a graph the pass left unchanged because it raised ``exc`` (call it
+    in the ``except`` block: the notes keep the traceback)."""
+    import traceback
+
+    rep = GraphReport(
+        kind=kind,
+        original_source=source,
+        reason=f"left unchanged: pass failed ({type(exc).__name__}: {exc})",
+    )
+    rep.notes.append(traceback.format_exc(limit=6))
+    return rep
 
 
 def record(report: GraphReport, *, print_it: bool, dump_dir: str | None) -> None:

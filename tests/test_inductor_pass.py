@@ -378,6 +378,17 @@ def _check_reports(reps, peak_ref, peak_got):
         assert peak_got < peak_ref, "a graph was deployed but the measured peak is not lower"
 
 
+def _check_training(ref, got):
+    """Plain Inductor's step ``ref`` against the pass's ``got`` (from :func:`_train_step`):
+    a forward and a backward report, bitwise outputs, gradients and buffers; the reports."""
+    reps = inductor_pass.reports()
+    assert {r.kind for r in reps} == {"forward", "backward"}
+    _check_reports(reps, ref[3], got[3])
+    for a, b in zip([ref[0], *ref[1], *ref[2]], [got[0], *got[1], *got[2]], strict=True):
+        assert torch.equal(a, b)
+    return reps
+
+
 @pytest.mark.parametrize(
     "make, shape",
     [(MLP, (8, 32)), (ConvNet, (2, 3, 8, 8)), (Branchy, (256, 64))],
@@ -390,12 +401,7 @@ def test_training_step_bitwise_equal_to_inductor(make, shape):
     inductor_pass.clear_reports()
     ref = _train_step(model, x, "inductor")
     got = _train_step(model, x, "torch_replay")
-    reps = inductor_pass.reports()
-    assert {r.kind for r in reps} == {"forward", "backward"}
-    _check_reports(reps, ref[3], got[3])
-    assert torch.equal(ref[0], got[0])
-    for a, b in zip(ref[1] + ref[2], got[1] + got[2], strict=True):
-        assert torch.equal(a, b)
+    reps = _check_training(ref, got)
     if make is Branchy:
         # The backward graph of the branchy net has a certified lower order, and the
         # step measured around the user's calls is lower than plain Inductor's.
@@ -425,11 +431,7 @@ def test_integer_inputs_are_profiled_on_the_first_real_call():
     inductor_pass.clear_reports()
     ref = _train_step(model, x, "inductor")
     got = _train_step(model, x, "torch_replay")
-    reps = inductor_pass.reports()
-    assert {r.kind for r in reps} == {"forward", "backward"}
-    _check_reports(reps, ref[3], got[3])
-    for a, b in zip([ref[0], *ref[1], *ref[2]], [got[0], *got[1], *got[2]], strict=True):
-        assert torch.equal(a, b)
+    reps = _check_training(ref, got)
     for r in reps:
         assert "profiled on a copy of the first call's real inputs" in r.notes
 

@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import traceback
 from typing import Any
 
 import torch
 
 from inductor_pass.config import PassConfig, get_config
 from inductor_pass.observe import notify, span
-from inductor_pass.report import GraphReport, record
+from inductor_pass.report import GraphReport, failed, record
 from inductor_pass.runtime import decision_cache, variant_compile
 from inductor_pass.runtime.first_call import FirstCallPass
 from inductor_pass.runtime.salt import TorchReplayPass, pass_uuid
@@ -108,12 +107,7 @@ def run_pass(
         compiled_graph.current_callable = first_call
         return first_call
     except Exception as exc:
-        rep = GraphReport(
-            kind=kind,
-            original_source=source,
-            reason=f"left unchanged: pass failed ({type(exc).__name__}: {exc})",
-        )
-        rep.notes.append(traceback.format_exc(limit=6))
+        rep = failed(kind, source, exc)
     record(rep, print_it=config.report, dump_dir=config.dump_dir)
     return None
 

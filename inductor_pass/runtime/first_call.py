@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import time
-import traceback
 from typing import Any
 
 from inductor_pass.config import PassConfig
 from inductor_pass.observe import notify, span
 from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
-from inductor_pass.report import GraphReport, record
+from inductor_pass.report import GraphReport, failed, record
 from inductor_pass.runtime import decision_cache
 from inductor_pass.runtime.salt import pass_uuid
 from inductor_pass.stages import guard
@@ -81,12 +80,7 @@ class FirstCallPass:
                 decision_cache.store(key, entry, rep.as_dict())
         except Exception as exc:
             self._next = None
-            rep = GraphReport(
-                kind=kind,
-                original_source=source,
-                reason=f"left unchanged: pass failed ({type(exc).__name__}: {exc})",
-            )
-            rep.notes.append(traceback.format_exc(limit=6))
+            rep = failed(kind, source, exc)
         record(rep, print_it=config.report, dump_dir=config.dump_dir)
         return rep
 
