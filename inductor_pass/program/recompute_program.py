@@ -1,10 +1,9 @@
 """Recomputation candidates and their rewriting of a wrapper program.
 
-The program side of Note [Recomputation in the wrapper] (in
-``inductor_pass/recompute.py``, which chooses among the candidates and runs the
-stage): :func:`find_candidate` and :func:`candidates` find ``(S, q)`` pairs and
-their replay chains, :func:`apply` rewrites a :class:`Program` so that ``S`` is
-freed after its last use before ``q`` and rebuilt just before ``q``.
+The program side of Note [Recomputation in the wrapper] (``inductor_pass/stages/recompute.py``
+chooses among the candidates and runs the stage): :func:`find_candidate` and
+:func:`candidates` find ``(S, q)`` pairs and their replay chains, :func:`apply` rewrites a
+:class:`Program` so that ``S`` is freed after its last use before ``q`` and rebuilt before ``q``.
 """
 
 from __future__ import annotations
@@ -14,8 +13,8 @@ import copy
 import dataclasses
 from dataclasses import dataclass, field
 
-from inductor_pass.units import ProgramModel, simulate
-from inductor_pass.wrapper_ast import Stmt, StmtKind, Wrapper
+from inductor_pass.program.units import ProgramModel, simulate
+from inductor_pass.program.wrapper_ast import Stmt, StmtKind, Wrapper
 
 __all__ = [
     "Candidate",
@@ -25,8 +24,10 @@ __all__ = [
     "apply",
     "candidates",
     "find_candidate",
+    "levels",
     "returned_names",
     "single_operator_bound",
+    "stmt_storages",
 ]
 
 
@@ -88,7 +89,8 @@ def returned_names(wrapper: Wrapper) -> frozenset[str]:
     return frozenset(out)
 
 
-def _region_stmt_storages(model: ProgramModel, k: int) -> frozenset[int]:
+def stmt_storages(model: ProgramModel, k: int) -> frozenset[int]:
+    """Storages statement ``k`` reads or writes."""
     return model.reads.get(k, frozenset()) | model.writes.get(k, frozenset())
 
 
@@ -108,14 +110,14 @@ def single_operator_bound(model: ProgramModel) -> tuple[int, int | None]:
             continue
         k = st.index
         created = set(model.storages_of(st.defines))
-        held = {s for s in _region_stmt_storages(model, k) - created if model.counted(s)}
+        held = {s for s in stmt_storages(model, k) - created if model.counted(s)}
         b = sum(model.sizes[s] for s in held) + model.transient[k]
         if b > best:
             best, arg = b, k
     return best, arg
 
 
-def _levels(model: ProgramModel, order: list[int]) -> list[int]:
+def levels(model: ProgramModel, order: list[int]) -> list[int]:
     """Per position: the most bytes live while the statement runs."""
     _, trace = simulate(model, order)
     out = []
@@ -198,7 +200,7 @@ def find_candidate(
         raise Refused("statement gone")
     q_pos = pos[q_stmt]
     units = [k for k in order if region[k].kind is StmtKind.UNIT]
-    acc = {k: _region_stmt_storages(model, k) for k in units}
+    acc = {k: stmt_storages(model, k) for k in units}
     if storage in model.external or not model.counted(storage):
         raise Refused("the storage exists before the run")
     before = [k for k in units if pos[k] < q_pos and storage in acc[k]]
@@ -297,7 +299,7 @@ def candidates(prog: Program, *, max_chain: int = 16) -> list[Candidate]:
     out = []
     first: dict[int, int] = {}  # storage -> position of its first access (a stable key)
     for i, k in enumerate(order):
-        for s in _region_stmt_storages(model, k):
+        for s in stmt_storages(model, k):
             first.setdefault(s, i)
     for k in order:
         if region[k].kind is not StmtKind.UNIT:

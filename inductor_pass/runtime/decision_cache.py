@@ -2,19 +2,19 @@
 
 Note [Decision cache]
 The pass profiles, searches and measures every graph at its first call
-(Note [Profiling on real inputs] in ``inductor_pass/first_call.py``). Its outcome
+(Note [Profiling on real inputs] in ``inductor_pass/runtime/first_call.py``). Its outcome
 depends only on the wrapper's source (the kernels and their order), the pass
 itself (its sources and configuration: ``TorchReplayPass.uuid()``), the torch
 version, and how the call is made: which inputs the call owns (Note [Input
-ownership] in ``inductor_pass/guard.py``), which inputs share a storage, and
+ownership] in ``inductor_pass/stages/guard.py``), which inputs share a storage, and
 the inputs' metadata. All of these form the key; the value is the decision
 (the permuted statement order, or none) and the report. A warm process then
 rebuilds the permuted ``call`` from the original source and the cached order
-(:func:`inductor_pass.wrapper_ast.render_region`, milliseconds) and runs no
+(:func:`inductor_pass.program.wrapper_ast.render_region`, milliseconds) and runs no
 kernel of the pass, so Inductor's own caches (FX graph and AOTAutograd) can
 stay on. A graph loaded from AOTAutograd's cache skips the backend's inner
 compile, so its variant programs (Note [Program variants] in
-``inductor_pass/variants.py``) are not compiled again: their sources are kept
+``inductor_pass/variants/choose.py``) are not compiled again: their sources are kept
 here too, keyed by the default program's source, and loaded like a cached
 wrapper. With the decision cache off, the backend turns AOTAutograd's cache
 off instead, so that variants are always compiled. Entries live under Inductor's cache directory
@@ -33,6 +33,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+
+from inductor_pass.program.wrapper_ast import parse_wrapper, unbound_names
+from inductor_pass.stages.guard import build_call
+from inductor_pass.variants.choose import Program
+from inductor_pass.variants.kernels import lazy_kernels
 
 __all__ = [
     "cache_dir",
@@ -112,8 +117,8 @@ def load(key: str) -> dict[str, Any] | None:
     return entry
 
 
-def load_program(source: str) -> tuple[dict[str, Any], Any, Any] | None:
-    """``(globals, call, partitions)`` of a cached variant program, or None.
+def load_program(source: str) -> Program | None:
+    """A cached variant program, loaded, or None.
 
     The module is loaded as Inductor loads a cached wrapper
     (``PyCodeCache.load``), its kernels lazily: they are built (or taken from
@@ -124,10 +129,6 @@ def load_program(source: str) -> tuple[dict[str, Any], Any, Any] | None:
     try:
         from torch._inductor.codecache import PyCodeCache
 
-        from inductor_pass.backend import lazy_kernels
-        from inductor_pass.guard import build_call
-        from inductor_pass.wrapper_ast import parse_wrapper, unbound_names
-
         wrapper = parse_wrapper(source)
         with lazy_kernels():  # built when the pass runs it
             mod = PyCodeCache.load(source)
@@ -137,7 +138,7 @@ def load_program(source: str) -> tuple[dict[str, Any], Any, Any] | None:
         runner = glob.get("runner")
         partitions = getattr(runner, "partitions", None)
         call, _ = build_call(source, glob, partitions=partitions)
-        return glob, call, partitions
+        return Program(source=source, globals=glob, call=call, partitions=partitions)
     except Exception:
         return None
 

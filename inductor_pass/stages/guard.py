@@ -60,16 +60,25 @@ __all__ = [
     "time_cuda",
     "bitwise_equal",
     "alias_pattern",
+    "PROBE_PREFIX",
+    "RuntimeArgs",
+    "bytes_view",
+    "clone_list",
+    "extension",
+    "tensors_in",
+    "with_rng",
 ]
 
-_PROBE = "torch_replay_probe_"
+PROBE_PREFIX = "torch_replay_probe_"
+"""Prefix of the names the pass's probes bind in a wrapper module."""
 
 
 class DynamicShapes(ValueError):
     """The graph has symbolic sizes: a modelled peak holds for one size only."""
 
 
-def _ext():
+def extension():
+    """The compiled extension's ``inductor`` module (the counting allocator)."""
     from torch_replay._ext import require_extension
 
     return require_extension().inductor
@@ -83,7 +92,7 @@ def counting_window() -> Iterator[Callable[[], dict[str, int]]]:
         A function returning the counters (``live``, ``peak``, ``allocated``,
         ``num_allocs``, ``num_frees``) relative to the start of the window.
     """
-    ext = _ext()
+    ext = extension()
     ext.counting_start()
     try:
         yield ext.counting_stats
@@ -116,7 +125,7 @@ def build_call(
     code = compile(ast.Module(body=[node], type_ignores=[]), filename, "exec")
     ns = dict(base_globals)
     if probe is not None:
-        ns[_PROBE] = probe
+        ns[PROBE_PREFIX] = probe
     exec(code, ns)  # noqa: S102 - generated wrapper code, as Inductor itself does
     if isinstance(node, ast.ClassDef):
         runner = ns["Runner"](partitions=list(partitions or []))
@@ -145,7 +154,7 @@ def copy_real_inputs(inputs: Sequence[Any]) -> list[Any]:
     if any(isinstance(x, torch.SymInt) for x in inputs):
         raise DynamicShapes("symbolic integer input")
     with torch.no_grad():
-        return [x.detach() if isinstance(x, torch.Tensor) else x for x in _clone_list(inputs)]
+        return [x.detach() if isinstance(x, torch.Tensor) else x for x in clone_list(inputs)]
 
 
 def input_views(inputs: Sequence[Any]) -> list[Any]:
@@ -222,7 +231,7 @@ def _clone_inputs(inputs: Sequence[Any], positions: Sequence[int] | None = None)
             # counting one inside a window); UntypedStorage(n) does not.
             st = torch.empty(src.nbytes(), dtype=torch.uint8, device=x.device).untyped_storage()
             if src.nbytes():
-                _bytes_view(st).copy_(_bytes_view(src))
+                bytes_view(st).copy_(bytes_view(src))
             copies[key] = st
         y = torch.empty(0, dtype=x.dtype, device=x.device)
         y.set_(st, x.storage_offset(), x.shape, x.stride())
@@ -230,25 +239,29 @@ def _clone_inputs(inputs: Sequence[Any], positions: Sequence[int] | None = None)
     return out
 
 
-def _clone_list(inputs: Sequence[Any]) -> list[Any]:
+def clone_list(inputs: Sequence[Any]) -> list[Any]:
+    """Copies of ``inputs`` as a list (aliasing among them kept)."""
     got = _clone_inputs(inputs)
     return [got[i] for i in range(len(inputs))]
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """The tensors of a (nested) list/tuple output, in order."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_in(v)]
     return []
 
 
-def _bytes_view(st: torch.UntypedStorage) -> torch.Tensor:
+def bytes_view(st: torch.UntypedStorage) -> torch.Tensor:
+    """A ``uint8`` tensor over every byte of ``st``."""
     t = torch.empty(0, dtype=torch.uint8, device=st.device)
     return t.set_(st, 0, (st.nbytes(),), (1,))
 
 
-def _with_rng(fn: Callable[[], Any]) -> Any:
+def with_rng(fn: Callable[[], Any]) -> Any:
+    """``fn()``, with the CPU and CUDA generators' states restored afterwards."""
     cpu_state = torch.random.get_rng_state()
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     try:
@@ -259,7 +272,7 @@ def _with_rng(fn: Callable[[], Any]) -> Any:
             torch.cuda.set_rng_state_all(cuda_states)
 
 
-class _RuntimeArgs:
+class RuntimeArgs:
     """Copies of the inputs, passed as the runtime passes them (Note [Input ownership]).
 
     Held inputs are copied at construction (outside any counting window) and
@@ -310,7 +323,7 @@ def measure_cpu(
         shared: Per input, whether it is passed as is instead of copied
             (Note [Unwritten inputs]); None: every input is copied.
     """
-    args = _RuntimeArgs(inputs, owned, shared)
+    args = RuntimeArgs(inputs, owned, shared)
 
     def run():
         with torch.no_grad(), counting_window() as stats:
@@ -318,8 +331,8 @@ def measure_cpu(
             peak = stats()["peak"]
         return peak, out
 
-    peak, out = _with_rng(run)
-    return int(peak), _tensors(out), args.final_held()
+    peak, out = with_rng(run)
+    return int(peak), tensors_in(out), args.final_held()
 
 
 def measure_cuda(
@@ -330,7 +343,7 @@ def measure_cuda(
     shared: Sequence[bool] | None = None,
 ) -> tuple[int, list[Any], list[Any]]:  # pragma: no cover - needs a GPU
     """Measured peak bytes on CUDA (``max_memory_allocated`` above the start)."""
-    args = _RuntimeArgs(inputs, owned, shared)
+    args = RuntimeArgs(inputs, owned, shared)
 
     def run():
         torch.cuda.synchronize()
@@ -341,8 +354,8 @@ def measure_cuda(
         torch.cuda.synchronize()
         return torch.cuda.max_memory_allocated() - base, out
 
-    peak, out = _with_rng(run)
-    return int(peak), _tensors(out), args.final_held()
+    peak, out = with_rng(run)
+    return int(peak), tensors_in(out), args.final_held()
 
 
 def time_cuda(call: Callable[[list[Any]], Any], inputs: Sequence[Any], *, reps: int = 3) -> Any:
@@ -362,7 +375,7 @@ def time_cuda(call: Callable[[list[Any]], Any], inputs: Sequence[Any], *, reps: 
         with torch.no_grad():
             return time_kernels(lambda: call(list(args)), device="cuda", reps=reps, warmup=0)
 
-    return _with_rng(run)
+    return with_rng(run)
 
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -386,7 +399,7 @@ def alias_pattern(values: Sequence[Any]) -> list[int]:
     """
     first: dict[int, int] = {}
     out = []
-    for i, t in enumerate(_tensors(list(values))):
+    for i, t in enumerate(tensors_in(list(values))):
         st = t.untyped_storage()
         key = st.data_ptr() if st.nbytes() else -1 - i
         out.append(first.setdefault(key, i))
@@ -395,7 +408,7 @@ def alias_pattern(values: Sequence[Any]) -> list[int]:
 
 def bitwise_equal(a: Sequence[Any], b: Sequence[Any]) -> bool:
     """Whether two lists of tensors have equal metadata and bit-identical values."""
-    ta, tb = _tensors(list(a)), _tensors(list(b))
+    ta, tb = tensors_in(list(a)), tensors_in(list(b))
     if len(ta) != len(tb):
         return False
     for x, y in zip(ta, tb, strict=True):

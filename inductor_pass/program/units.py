@@ -8,7 +8,7 @@ run (inputs, constants) are *external*. An external storage the caller holds
 (parameters, user inputs, constants) is never freed during the run and is not
 counted. An external storage the call *owns* (an input referenced only by the
 argument list that the wrapper clears, see Note [Input ownership] in
-``inductor_pass/guard.py``: a backward graph's saved activations) is live
+``inductor_pass/stages/guard.py``: a backward graph's saved activations) is live
 from the start and freed by the ``del`` that removes the last name referring
 to it. An internal storage is live while at least one bound name refers to
 it: it is allocated when the first such name is bound and freed by the
@@ -35,7 +35,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inductor_pass.wrapper_ast import Stmt, StmtKind, Wrapper
+from inductor_pass.program.wrapper_ast import Stmt, StmtKind, Wrapper
 
 __all__ = [
     "ProgramModel",
@@ -109,7 +109,7 @@ def declared_effects(
     """
     import ast
 
-    from inductor_pass.wrapper_ast import _names_in
+    from inductor_pass.program.kernel_sigs import names_in
 
     call = st.node.value  # type: ignore[attr-defined]
     assert isinstance(call, ast.Call)
@@ -120,13 +120,13 @@ def declared_effects(
         written: set[str] = set()
         for i, arg in enumerate(call.args):
             if i >= len(sig.writes) or sig.writes[i]:
-                written.update(_names_in(arg))
+                written.update(names_in(arg))
         return written, False
     if callee.startswith("extern_kernels."):
         written = set()
         for kw in call.keywords:
             if kw.arg == "out":
-                written.update(_names_in(kw.value))
+                written.update(names_in(kw.value))
         return written, False
     obj = None
     if resolve is not None:
@@ -148,13 +148,13 @@ def declared_effects(
             if i < len(schema.arguments):
                 ai = schema.arguments[i].alias_info
                 if ai is not None and ai.is_write:
-                    written.update(_names_in(arg))
+                    written.update(names_in(arg))
             else:
-                written.update(_names_in(arg))
+                written.update(names_in(arg))
         for kw in call.keywords:
             a = by_name.get(kw.arg or "")
             if a is None or (a.alias_info is not None and a.alias_info.is_write):
-                written.update(_names_in(kw.value))
+                written.update(names_in(kw.value))
         return written, barrier
     return set(st.uses), True
 

@@ -1,19 +1,19 @@
 """The decide stage: measure both programs and apply the deploy rule (design.md §3.1).
 
-Deploy rule (CPU, Theorem 1): the permuted program replaces the original only
+Deploy rule (CPU; the six conditions of ``docs/design.md`` §3.1): the permuted program replaces the original only
 when (1) the profiled run shows effect completeness (no undeclared write) and
 the ownership records hold (every statement's live-byte delta equals the
 modelled one), (2) the modelled peak equals the measured peak, to the byte, for
 both the original and the permuted program (see Note [Allocator guard]),
 (3) outputs and final input bytes are bitwise identical, and (4) the permuted
 peak is strictly lower. Peaks are those of the programs called as the runtime
-calls them (Note [Input ownership] in ``inductor_pass/guard.py``): inputs the
+calls them (Note [Input ownership] in ``inductor_pass/stages/guard.py``): inputs the
 call owns are freed at their last use. When the call owns inputs, (5) the
 permuted program's measured peak must also not exceed the original's when
 every input is held (a later call whose caller keeps them, as with
 ``retain_graph=True``). On CUDA only (3) and a strictly lower *measured* peak
 are required (the caching allocator is not byte-exact). Condition (1) is the
-profile stage's (``inductor_pass/profile.py``); :func:`decide` checks the rest.
+profile stage's (``inductor_pass/stages/profile.py``); :func:`decide` checks the rest.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from inductor_pass import guard
 from inductor_pass.config import PassConfig
-from inductor_pass.profile import Profiled
-from inductor_pass.search import Searched
+from inductor_pass.stages import guard
+from inductor_pass.stages.profile import Profiled
+from inductor_pass.stages.search import Searched
 
 __all__ = ["Decision", "decide"]
 

@@ -22,9 +22,9 @@ variant's, and never above the default. Every variant's peaks and bounds are
 in the report (``GraphReport.variants``). A variant whose source is the default
 program's is not run through the pass again (the default's figures are copied).
 A variant's C++ kernels are built only when it is run (Note [Lazy variant
-kernels] in ``inductor_pass/backend.py``), and it is not run when its lower
+kernels] in ``inductor_pass/variants/kernels.py``), and it is not run when its lower
 bound, from its source and the default's profile, is not below the default's
-deployed peak (Note [Variant bound] in ``inductor_pass/variant_bound.py``):
+deployed peak (Note [Variant bound] in ``inductor_pass/variants/bound.py``):
 then its report entry has that bound and no peaks.
 """
 
@@ -34,10 +34,35 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from inductor_pass import guard
 from inductor_pass.report import GraphReport
+from inductor_pass.stages import guard
 
-__all__ = ["Candidate", "flipped_options", "summary", "choose"]
+__all__ = ["Candidate", "Program", "Variant", "choose", "flipped_options", "program_of", "summary"]
+
+
+@dataclass(kw_only=True, slots=True)
+class Program:
+    """A loaded wrapper program: its source and the module it runs in."""
+
+    source: str
+    globals: dict[str, Any] | None
+    """The loaded module's globals (None: not loaded, see :class:`Variant`)."""
+    call: Callable[[list[Any]], Any] | None
+    partitions: Any = None
+    """The module runner's graph partitions (cudagraph trees), when it has any."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Variant:
+    """One alternative program of a graph (Note [Program variants]).
+
+    ``program.globals`` and ``call`` are None when the variant's source is the
+    default program's (nothing was loaded for it).
+    """
+
+    name: str
+    """The flipped option, as ``"reorder_for_peak_memory=False"``."""
+    program: Program
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,6 +83,24 @@ class Candidate:
     def peak(self) -> int | None:
         r = self.report
         return r.measured_permuted_peak if r.deployed else r.measured_original_peak
+
+
+def program_of(compiled_graph: Any) -> Program:
+    """The program of a finished ``CompiledFxGraph``: its source and its loaded module.
+
+    Raises:
+        RuntimeError: The callable has no module globals to run a program in.
+    """
+    call = compiled_graph.current_callable
+    runner = getattr(compiled_graph, "compiled_fn_runner", None)
+    fn = getattr(call, "__func__", call)
+    glob = getattr(fn, "__globals__", None)
+    if glob is None:
+        raise RuntimeError(f"cannot find the wrapper module of {call!r}")
+    partitions = getattr(runner, "partitions", None) if runner is not None else None
+    return Program(
+        source=compiled_graph.source_code, globals=glob, call=call, partitions=partitions
+    )
 
 
 def flipped_options(names: Sequence[str]) -> list[tuple[str, dict[str, bool]]]:

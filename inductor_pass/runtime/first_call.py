@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import time
-import traceback
 from typing import Any
 
 from inductor_pass.config import PassConfig
-from inductor_pass.report import GraphReport, record
+from inductor_pass.observe import notify, span
+from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
+from inductor_pass.report import GraphReport, failed, record
+from inductor_pass.runtime import decision_cache
+from inductor_pass.runtime.salt import pass_uuid
+from inductor_pass.stages import guard
+from inductor_pass.stages.rewrite import optimize_wrapper, resolver
+from inductor_pass.variants import bound, choose
+from inductor_pass.variants.choose import Program, Variant
+from inductor_pass.variants.kernels import force_kernels
 
 __all__ = ["FirstCallPass"]
-
-
-def _pass_uuid(config: PassConfig) -> str:
-    from inductor_pass.backend import TorchReplayPass
-
-    return TorchReplayPass(config).uuid()
 
 
 class FirstCallPass:
@@ -30,63 +32,57 @@ class FirstCallPass:
     of bounds. So every graph is profiled at its first call, on copies of that
     call's real inputs, which the kernels are about to process anyway; the
     first call also shows which inputs the call owns (Note [Input ownership]
-    in ``inductor_pass/guard.py``). The first call itself runs the original
+    in ``inductor_pass/stages/guard.py``). The first call itself runs the original
     program after the pass's own runs on copies; later calls run the permuted
     program when it was deployed. The report is recorded at the first call.
     Any exception inside the pass leaves the original program.
     """
 
-    def __init__(self, source, glob, call, partitions, kind, config) -> None:
-        self.impl = call
+    def __init__(self, program: Program, kind: str, config: PassConfig) -> None:
+        self.impl = program.call
         self._next = None
-        self._pending = (source, glob, partitions, kind, config)
-        self.variants: list[tuple[str, str, dict[str, Any], Any, Any]] = []
-        """Alternative programs ``(name, source, globals, call, partitions)``
-        (Note [Program variants] in ``inductor_pass/variants.py``)."""
+        self._pending = (program.source, program.globals, program.partitions, kind, config)
+        self.variants: list[Variant] = []
+        """Alternative programs (Note [Program variants] in ``inductor_pass/variants/choose.py``)."""
         self.variant_notes: list[str] = []
 
     def __call__(self, args: list[Any]) -> Any:
         pending, self._pending = self._pending, None
         if pending is not None:
-            from inductor_pass import guard
-
             try:  # first, before anything else references the inputs
                 owned: list[bool] | None = guard.input_ownership(args)
             except Exception:
                 owned = None
-            self._run_pass(args, owned, *pending)
             call = self.impl
+            t0 = time.perf_counter()
+            with span("first-call pass"):
+                rep = self._run_pass(args, owned, *pending)
+            notify("first_call", pending[0], args, owned, call, rep, time.perf_counter() - t0)
             self.impl = self._next if self._next is not None else call
             return call(args)
         return self.impl(args)
 
-    def _run_pass(self, args, owned, source, glob, partitions, kind, config) -> None:
-        from inductor_pass import decision_cache
-
+    def _run_pass(self, args, owned, source, glob, partitions, kind, config) -> GraphReport:
         key = None
         try:
             if decision_cache.enabled(config):
                 key = decision_cache.decision_key(
                     source,
-                    _pass_uuid(config),
+                    pass_uuid(config),
                     decision_cache.call_signature(args, owned),
                 )
                 rep = self._from_cache(key, source, glob, partitions, kind)
                 if rep is not None:
                     record(rep, print_it=config.report, dump_dir=config.dump_dir)
-                    return
+                    return rep
             rep, entry = self._optimize(args, owned, source, glob, partitions, kind, config)
             if key is not None:
                 decision_cache.store(key, entry, rep.as_dict())
         except Exception as exc:
             self._next = None
-            rep = GraphReport(
-                kind=kind,
-                original_source=source,
-                reason=f"left unchanged: pass failed ({type(exc).__name__}: {exc})",
-            )
-            rep.notes.append(traceback.format_exc(limit=6))
+            rep = failed(kind, source, exc)
         record(rep, print_it=config.report, dump_dir=config.dump_dir)
+        return rep
 
     def _optimize(self, args, owned, source, glob, partitions, kind, config):
         """Run the pass on the default program and every variant; pick one.
@@ -95,10 +91,8 @@ class FirstCallPass:
             ``(report, cache entry)``; sets ``self._next`` when a program other
             than the original default one is to run from now on.
         """
-        from inductor_pass import variants
-        from inductor_pass.rewrite import optimize_wrapper
 
-        def candidate(name, src, glb, call, parts, keep=None) -> variants.Candidate:
+        def candidate(name, src, glb, call, parts, keep=None) -> choose.Candidate:
             rep, new_call, _ = optimize_wrapper(
                 src,
                 glb,
@@ -110,7 +104,7 @@ class FirstCallPass:
                 owned=owned,
                 keep=keep,
             )
-            return variants.Candidate(
+            return choose.Candidate(
                 name=name,
                 report=rep,
                 original=call,
@@ -127,7 +121,9 @@ class FirstCallPass:
         rep = cands[0].report
         same: list[str] = []
         ruled_out: dict[str, dict[str, object]] = {}
-        for name, src, glb, call, parts in self.variants:
+        for variant in self.variants:
+            name, p = variant.name, variant.program
+            src, glb, call, parts = p.source, p.globals, p.call, p.partitions
             if src == source:  # the flipped option changed nothing: one program, one pass
                 same.append(name)
                 continue
@@ -136,8 +132,6 @@ class FirstCallPass:
                 if out is not None:
                     ruled_out[name] = out
                     continue
-                from inductor_pass.backend import force_kernels
-
                 force_kernels(glb)  # Note [Lazy variant kernels]
                 cands.append(candidate(name, src, glb, call, parts))
             except Exception as exc:  # a variant is an option; never fatal
@@ -150,10 +144,11 @@ class FirstCallPass:
             best, why = cands[0], "variants are chosen on CPU only (byte-exact guard)"
         else:
             try:
-                best, why = variants.choose(cands, args, owned)
+                with span("variant choice"):
+                    best, why = choose.choose(cands, args, owned)
             except Exception as exc:  # a variant is an option; never fatal
                 best, why = cands[0], f"variant choice failed ({type(exc).__name__}: {exc})"
-        rep.variants = {c.name: variants.summary(c.report) for c in cands}
+        rep.variants = {c.name: choose.summary(c.report) for c in cands}
         rep.variants.update(ruled_out)
         for name in same:
             rep.variants[name] = dict(rep.variants["default"])
@@ -185,52 +180,45 @@ class FirstCallPass:
 
     def _rule_out(self, name, src, glb, default, profiled, config) -> dict[str, object] | None:
         """The report entry of a variant Note [Variant bound] rules out, else None."""
-        from inductor_pass import variant_bound, variants
-        from inductor_pass.rewrite import _resolver
-
         peak = default.peak
         model = getattr(profiled, "model", None)
         if not config.variant_bound or peak is None or model is None:
             return None
         if default.report.device != "cpu" or config.recompute:
             return None  # variants are chosen on CPU; recomputation is no permutation
-        bound, why = variant_bound.variant_bound(
-            src, model, _resolver(glb or {}), time_limit_s=config.time_limit_s
+        lower, why = bound.variant_bound(
+            src, model, resolver(glb or {}), time_limit_s=config.time_limit_s
         )
-        if bound is None or bound < peak:
-            if bound is None:
+        if lower is None or lower < peak:
+            if lower is None:
                 self.variant_notes.append(f"variant {name}: no static bound, run ({why})")
             return None
         reason = (
-            f"not built or run: {why} is {bound} B, not below the default's deployed peak {peak} B"
+            f"not built or run: {why} is {lower} B, not below the default's deployed peak {peak} B"
         )
         self.variant_notes.append(f"variant {name} {reason}")
-        return variants.summary(GraphReport(lower_bound=bound, reason=reason))
+        return choose.summary(GraphReport(lower_bound=lower, reason=reason))
 
     def _load_variants(self, source: str, config: PassConfig) -> None:
         """Variant programs of a graph loaded from AOTAutograd's cache (Note [Decision cache])."""
-        from inductor_pass import decision_cache, variants
-
         if not decision_cache.enabled(config):
             return
-        key = decision_cache.variants_key(source, _pass_uuid(config))
+        key = decision_cache.variants_key(source, pass_uuid(config))
         stored = decision_cache.load_variants(key)
-        for name, _ in variants.flipped_options(config.variants):
+        for name, _ in choose.flipped_options(config.variants):
             src = stored.get(name)
             if src == source:  # the default program itself: nothing to load
-                self.variants.append((name, src, None, None, None))
+                program = Program(source=src, globals=None, call=None)
+                self.variants.append(Variant(name=name, program=program))
                 continue
             loaded = decision_cache.load_program(src) if src is not None else None
             if loaded is None:
                 self.variant_notes.append(f"variant {name} unavailable (not in the pass's cache)")
                 continue
-            self.variants.append((name, src, *loaded))
+            self.variants.append(Variant(name=name, program=loaded))
 
     def _from_cache(self, key, source, glob, partitions, kind) -> GraphReport | None:
         """Deploy a cached decision; None when there is none (or it does not apply)."""
-        from inductor_pass import decision_cache, guard
-        from inductor_pass.wrapper_ast import parse_wrapper, render_region
-
         entry = decision_cache.load(key)
         if entry is None:
             return None
@@ -242,10 +230,9 @@ class FirstCallPass:
             loaded = decision_cache.load_program(variant_source)
             if loaded is None:
                 return None
-            from inductor_pass.backend import force_kernels
-
-            force_kernels(loaded[0])  # in parallel, before the program runs
-            base_source, base_glob, base_call, base_parts = variant_source, *loaded
+            force_kernels(loaded.globals)  # in parallel, before the program runs
+            base_source, base_glob = variant_source, loaded.globals
+            base_call, base_parts = loaded.call, loaded.partitions
         rep = GraphReport.from_dict(entry.get("report") or {})
         rep.kind = kind
         rep.original_source = source

@@ -4,7 +4,7 @@ Note [Forked variant codegen]
 With Note [Lazy variant kernels], what a program variant still costs at a
 cold compile is Inductor's lowering and code generation of the graph a second
 time, in the compiling thread: about 13 s of one core for ResNet18 training
-on the two-core machine (issue 12), while the default program's compile
+on the two-core machine (``benchmarks/results/compile_tv.md``), while the default program's compile
 leaves the other core idle for much of its time (waiting on its kernel
 builds). So on Linux, for CPU graphs and while CUDA is not initialized in
 this process, the backend forks a child at the start of the inner compile.
@@ -30,10 +30,15 @@ import signal
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from inductor_pass.program.wrapper_ast import parse_wrapper, unbound_names
+from inductor_pass.variants.choose import Program, Variant
+from inductor_pass.variants.kernels import lazy_kernels
 
 __all__ = ["Forked", "fork_reason", "start", "collect", "abandon"]
 
@@ -76,8 +81,21 @@ def start(
     name: str,
     patch: dict[str, Any],
     inject: str | None = None,
+    in_child: Callable[[], None] | None = None,
 ) -> Forked:
     """Fork a child that generates the variant ``name`` of ``gm`` (see the Note).
+
+    Args:
+        gm: The graph, before Inductor's compile (the child has its own copy).
+        example_inputs: Its example inputs.
+        kw: Inductor's inner-compile keyword arguments.
+        name: The variant's name (:func:`inductor_pass.variants.choose.flipped_options`).
+        patch: The Inductor options that make the variant.
+        inject: ``PassConfig.inject_failure`` (tests: ``"fork-hang"``, ``"fork-fail"``).
+        in_child: Called first in the child (the backend detaches its hooks there).
+
+    Returns:
+        The running child.
 
     Raises:
         OSError: The fork or the pipe failed (nothing is left behind).
@@ -101,7 +119,7 @@ def start(
         raise
     if pid == 0:  # the child: never returns
         os.close(r)
-        _child(w, gm, example_inputs, kw, patch, inject)
+        _child(w, gm, example_inputs, kw, patch, inject, in_child)
     os.close(w)
     return Forked(name=name, patch=patch, pid=pid, fd=r, started=time.monotonic())
 
@@ -113,14 +131,13 @@ def _child(
     kw: dict[str, Any],
     patch: dict[str, Any],
     inject: str | None,
+    in_child: Callable[[], None] | None,
 ) -> None:
     status: tuple[str, str] = ("error", "Inductor produced no Python wrapper")
     t0 = time.monotonic()
     try:
-        from inductor_pass import backend
-
-        backend._HOOK.config = None  # nothing in the child is armed or collected
-        backend._HOOK.sink = None
+        if in_child is not None:
+            in_child()
         if inject == "fork-hang":
             time.sleep(3600)
         if inject == "fork-fail":
@@ -216,13 +233,20 @@ def abandon(f: Forked) -> None:
 
 def collect(
     f: Forked, default_globals: dict[str, Any] | None, *, lazy: bool
-) -> tuple[tuple[str, str, dict[str, Any], Any, Any] | None, str]:
+) -> tuple[Variant | None, str]:
     """Wait for a child and load its variant; never raises.
 
+    Args:
+        f: The child.
+        default_globals: The default program's module globals (their graph
+            constants are the variant's too).
+        lazy: Load the variant's kernels lazily (Note [Lazy variant kernels]).
+
     Returns:
-        ``((name, source, globals, call, partitions), what)`` for a loaded variant
-        (``what``: the child's time and memory), or ``(None, why)``; ``why`` starts with ``"retry"`` when the variant should
-        be compiled in this process instead, ``"drop"`` when it cannot be used.
+        ``(variant, what)`` for a loaded variant (``what``: the child's time and
+        memory), or ``(None, why)``; ``why`` starts with ``"retry"`` when the
+        variant should be compiled in this process instead, ``"drop"`` when it
+        cannot be used.
     """
     waited = time.monotonic()
     deadline = waited + max(MIN_WAIT_S, 2.0 * (waited - f.started))
@@ -261,12 +285,9 @@ def collect(
 
 def _load(
     f: Forked, source: str, default_globals: dict[str, Any], *, lazy: bool
-) -> tuple[tuple[str, str, dict[str, Any], Any, Any] | None, str]:
+) -> tuple[Variant | None, str]:
     from torch._inductor import config as inductor_config
     from torch._inductor.codecache import PyCodeCache
-
-    from inductor_pass.backend import lazy_kernels
-    from inductor_pass.wrapper_ast import parse_wrapper, unbound_names
 
     wrapper = parse_wrapper(source)
     key, path = PyCodeCache.write(source)
@@ -284,4 +305,5 @@ def _load(
         call = runner.call
     if call is None:
         return None, "drop: its module has no call"
-    return (f.name, source, glob, call, partitions), ""
+    program = Program(source=source, globals=glob, call=call, partitions=partitions)
+    return Variant(name=f.name, program=program), ""

@@ -1,14 +1,14 @@
 """The search stage: dependences, the best order and its certificate, recomputation.
 
-After the profile stage (``inductor_pass/profile.py``) has modelled the
+After the profile stage (``inductor_pass/stages/profile.py``) has modelled the
 program, :func:`search_program` builds the units' dependences
-(:func:`inductor_pass.units.build_dependences`), searches the best emitted
+(:func:`inductor_pass.program.units.build_dependences`), searches the best emitted
 order with the heuristics and the scheduling core
-(:func:`inductor_pass.permute.search_order`: lower bounds, exact search,
+(:func:`inductor_pass.program.permute.search_order`: lower bounds, exact search,
 certificate), optionally the all-writes ablation, and then selective
 recomputation (Note [Recomputation in the wrapper] in
-``inductor_pass/recompute.py``). The result, :class:`Searched`, is the program
-to guard (``inductor_pass/decide.py``).
+``inductor_pass/stages/recompute.py``). The result, :class:`Searched`, is the program
+to guard (``inductor_pass/stages/decide.py``).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from inductor_pass.config import PassConfig
-from inductor_pass.permute import SearchResult, search_order
-from inductor_pass.profile import Profiled
+from inductor_pass.program.permute import SearchResult, search_order
+from inductor_pass.program.units import ProgramModel, build_dependences, simulate
+from inductor_pass.program.wrapper_ast import Wrapper
 from inductor_pass.report import GraphReport
-from inductor_pass.units import ProgramModel, build_dependences, simulate
-from inductor_pass.wrapper_ast import Wrapper
+from inductor_pass.stages.profile import Profiled
 
 __all__ = ["Searched", "search_program"]
 
@@ -85,8 +85,8 @@ def search_program(
         ).peak
         build_dependences(model, resolve, all_writes=config.all_writes)  # restore effects
     wrapper, order, peak, out_model = model.wrapper, res.stmt_order, res.peak, model
-    if config.recompute:  # Note [Recomputation in the wrapper] in inductor_pass/recompute.py
-        from inductor_pass import recompute
+    if config.recompute:  # Note [Recomputation in the wrapper] in inductor_pass/stages/recompute.py
+        from inductor_pass.stages import recompute
 
         rep.bounds = res.bounds  # the recomputation adds its bound to the same dict
         wrapper, order, peak, out_model = recompute.in_pass(

@@ -1,16 +1,9 @@
-"""The profile stage: run the original program instrumented, and model it.
+"""The effect check: which storages each unit of a program really writes (on copies).
 
-The pass's first stage (:func:`profile_program`) runs the wrapper's original
-program twice on copies of the first call's real inputs: once with a probe
-between statements that records which storages every name refers to and, per
-unit, which storages changed (the effect check, Note [Effect check scope]),
-and once in a counting window that records the live bytes after and the
-transient bytes during every statement. The result, :class:`Profiled`, is the
-byte-exact :class:`~inductor_pass.units.ProgramModel` of the program (Note
-[Wrapper memory model] in ``inductor_pass/units.py``), checked against the
-measured live bytes statement by statement, or the reason the graph is left
-unchanged. The search (``inductor_pass/search.py``) and the decision
-(``inductor_pass/decide.py``) follow.
+The profile stage's first run (``inductor_pass/stages/profile.py``): a probe
+between statements records which storages every name refers to, and every
+unit's reachable storages are hashed around it (Note [Effect check scope]), so a
+write a kernel does not declare is found before the pass reorders anything.
 """
 
 from __future__ import annotations
@@ -22,29 +15,19 @@ from typing import Any
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from inductor_pass.guard import (
-    _PROBE,
-    _bytes_view,
-    _clone_list,
-    _ext,
-    _RuntimeArgs,
-    _tensors,
-    _with_rng,
+from inductor_pass.program.units import declared_effects
+from inductor_pass.program.wrapper_ast import StmtKind, Wrapper, render_region
+from inductor_pass.stages.guard import (
+    PROBE_PREFIX,
     build_call,
-    counting_window,
+    bytes_view,
+    clone_list,
+    extension,
+    tensors_in,
+    with_rng,
 )
-from inductor_pass.units import ProgramModel, declared_effects, simulate
-from inductor_pass.wrapper_ast import StmtKind, Wrapper, render_region
 
-__all__ = [
-    "EffectsProfile",
-    "Profiled",
-    "profile_effects",
-    "profile_memory",
-    "profile_program",
-    "storage_digest",
-    "unwritten_inputs",
-]
+__all__ = ["EffectsProfile", "profile_effects", "storage_digest", "unwritten_inputs"]
 
 
 def storage_digest(st: torch.UntypedStorage) -> tuple[int, int]:
@@ -54,9 +37,9 @@ def storage_digest(st: torch.UntypedStorage) -> tuple[int, int]:
     copies of every live storage: no extra memory, one read per storage per
     probe. Two different contents hash equal with probability about 2^-128.
     """
-    _ext()  # loads the extension, which registers the op
+    extension()  # loads the extension, which registers the op
     ranges = torch.tensor([[0, st.nbytes()]], dtype=torch.int64)
-    h = torch.ops.torch_replay.hash_ranges(_bytes_view(st), ranges)
+    h = torch.ops.torch_replay.hash_ranges(bytes_view(st), ranges)
     lo, hi = h.tolist()
     return int(lo), int(hi)
 
@@ -102,10 +85,11 @@ def _probe_lines(num_positions: int) -> dict[int, str]:
 
     A literal dict of those names at every position (as before) made the
     instrumented source quadratic in the graph's size, and compiling it took
-    about 700 MB on a MobileNetV2 training graph (issue 12); ``locals()`` keeps
+    about 700 MB on a MobileNetV2 training graph (``benchmarks/results/compile_tv.md``);
+    ``locals()`` keeps
     it linear.
     """
-    return {p: f"{_PROBE}({p}, locals())" for p in range(num_positions)}
+    return {p: f"{PROBE_PREFIX}({p}, locals())" for p in range(num_positions)}
 
 
 def _effect_scopes(
@@ -125,7 +109,7 @@ def _effect_scopes(
     that has no schema) gets every live storage hashed, as before. Hashing only
     a unit's own operands makes the check cost the bytes each unit touches
     instead of every live byte per unit (ViT-B/16 inference: 112 s of hashing of
-    the weights at every one of its units, issue 12).
+    the weights at every one of its units, measured under torch 2.14).
     """
     return {
         st.index: None
@@ -188,7 +172,7 @@ def profile_effects(
 
     def storages_of(value: Any) -> dict[int, torch.UntypedStorage]:
         out: dict[int, torch.UntypedStorage] = {}
-        for t in _tensors(value):
+        for t in tensors_in(value):
             st = t.untyped_storage()
             if st.nbytes() == 0:
                 continue
@@ -243,13 +227,13 @@ def profile_effects(
     reach = _effect_scopes(wrapper, resolve) if check_bytes else {}
     src = render_region(wrapper, order, probes=_probe_lines(len(per_pos)))
     call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
-    args = _clone_list(inputs)
+    args = clone_list(inputs)
 
     def run():
         with torch.no_grad():
             return call(list(args))
 
-    out = _with_rng(run)
+    out = with_rng(run)
     # A name bound by a unit keeps the storages seen right after that unit.
     del out
     if check_bytes:
@@ -281,7 +265,7 @@ def unwritten_inputs(
     The pass's runs of a program (memory profile, guard measurements) used to
     copy every input first, so that a write could never reach the caller's
     tensors; for a model's weights that is one more copy of the model per run
-    alive at once (issue 12: compile memory 1.9x Inductor's on ViT-B/16). After
+    alive at once (compile memory 1.9x Inductor's on ViT-B/16, ``benchmarks/results/compile_tv.md``). After
     the effect profile (on copies) the pass knows, per storage, whether any
     unit changed its bytes (hashed around every unit that can reach it, Note
     [Effect check scope]) and whether any unit declares a write to it. An input
@@ -304,154 +288,4 @@ def unwritten_inputs(
         name = wrapper.input_names[i] if i < len(wrapper.input_names) else None
         ks = prof.name_storages.get(name, frozenset()) if name is not None else frozenset()
         out.append(bool(ks) and not flag and not (ks & written))
-    return out
-
-
-def profile_memory(
-    wrapper: Wrapper,
-    base_globals: dict[str, Any],
-    inputs: Sequence[Any],
-    *,
-    partitions: Any = None,
-    owned: Sequence[bool] | None = None,
-    shared: Sequence[bool] | None = None,
-) -> tuple[list[int], list[int], int]:
-    """Run the original program in a counting window with a probe between statements.
-
-    Args:
-        owned: Per input, whether the call owns it (Note [Input ownership]);
-            None: every input is held by the caller.
-        shared: Per input, whether the program provably leaves it unchanged, so
-            that it is passed as is instead of copied (Note [Unwritten inputs]).
-
-    Returns:
-        ``(transient, live_after, peak)``: per region statement the peak
-        bytes above the live count while it ran and the live bytes after it
-        (owned inputs count from the start), and the peak of the whole run.
-    """
-    ext = _ext()
-    n = len(wrapper.region)
-    live: list[int] = [0] * (n + 1)
-    peak: list[int] = [0] * (n + 1)
-
-    def probe(pos: int) -> None:
-        s = ext.counting_stats()
-        live[pos] = s["live"]
-        peak[pos] = s["peak"]
-        ext.counting_reset_peak()
-
-    src = render_region(wrapper, list(range(n)), probes={p: f"{_PROBE}({p})" for p in range(n + 1)})
-    call, _ = build_call(src, base_globals, partitions=partitions, probe=probe)
-    args = _RuntimeArgs(inputs, owned, shared)
-
-    def run():
-        with torch.no_grad(), counting_window():
-            out = call(args.take())
-        return out
-
-    out = _with_rng(run)
-    del out
-    transient = [peak[p + 1] - live[p] for p in range(n)]
-    return transient, live[1:], max(peak)
-
-
-@dataclass(kw_only=True, slots=True)
-class Profiled:
-    """The profile stage's result: the program's model, or why it is left unchanged."""
-
-    wrapper: Wrapper
-    inputs: list[Any]
-    """Detached views of the real inputs (every run copies what it may write)."""
-    owned: list[bool]
-    """Per input, whether the call owns it (Note [Input ownership] in ``guard.py``)."""
-    device: str
-    refusal: str | None = None
-    """Why the graph is left unchanged (then the fields below are unset)."""
-    model: ProgramModel | None = None
-    shared: list[bool] | None = None
-    """Per input, whether runs read it in place (Note [Unwritten inputs])."""
-    profiled_peak: int | None = None
-    """Measured peak of the counting run (None on CUDA)."""
-    modelled_peak: int | None = None
-    """Modelled peak of the original order."""
-    live: list[int] = field(default_factory=list)
-    """Modelled live bytes after each statement of the original order."""
-
-    @property
-    def on_cuda(self) -> bool:
-        return self.device == "cuda"
-
-
-def profile_program(
-    wrapper: Wrapper,
-    base_globals: dict[str, Any],
-    real_inputs: Sequence[Any],
-    *,
-    owned: Sequence[bool] | None,
-    partitions: Any,
-    check_effects: bool,
-    resolve: Callable[[str], object],
-) -> Profiled:
-    """The profile stage (see the module docstring).
-
-    Raises:
-        DynamicShapes: An input is a symbolic integer.
-    """
-    from inductor_pass.guard import input_views
-
-    inputs = input_views(real_inputs)
-    flags = [bool(o) for o in owned] if owned is not None else [False] * len(inputs)
-    if len(flags) != len(inputs):
-        raise ValueError(f"owned has {len(flags)} flags for {len(inputs)} inputs")
-    devices = {x.device.type for x in inputs if isinstance(x, torch.Tensor)}
-    device = "cuda" if "cuda" in devices else ("cpu" if devices <= {"cpu"} else "")
-    out = Profiled(
-        wrapper=wrapper, inputs=inputs, owned=flags, device=device or ",".join(sorted(devices))
-    )
-    if not devices <= {"cpu", "cuda"}:
-        out.refusal = f"device {out.device} has no guard"
-        return out
-    # The effect profile runs first and is also the warm-up: lazy initialisation
-    # (oneDNN primitives, kernel loading) happens here, not in the measured runs.
-    prof = profile_effects(
-        wrapper,
-        base_globals,
-        inputs,
-        partitions=partitions,
-        check_bytes=check_effects,
-        resolve=resolve,
-    )
-    if prof.problems:
-        out.refusal = "; ".join(prof.problems[:3])
-        return out
-    if check_effects and not out.on_cuda:
-        out.shared = unwritten_inputs(wrapper, prof, resolve, flags)
-    live_after = None
-    if out.on_cuda:  # pragma: no cover - needs a GPU
-        transient = [0] * len(wrapper.region)
-    else:
-        transient, live_after, out.profiled_peak = profile_memory(
-            wrapper, base_globals, inputs, partitions=partitions, owned=flags, shared=out.shared
-        )
-    owned_storages: set[int] = set()
-    for name, flag in zip(wrapper.input_names, flags, strict=False):
-        if flag:
-            owned_storages |= prof.name_storages.get(name, frozenset())
-    out.model = ProgramModel(
-        wrapper=wrapper,
-        name_storages=prof.name_storages,
-        sizes=prof.sizes,
-        external=frozenset(prof.external),
-        owned=frozenset(owned_storages) & frozenset(prof.external),
-        transient=transient,
-    )
-    out.modelled_peak, out.live = simulate(out.model, list(range(len(wrapper.region))))
-    if live_after is not None and out.live != live_after:
-        k = next(i for i, (a, b) in enumerate(zip(out.live, live_after, strict=True)) if a != b)
-        st = wrapper.region[k]
-        out.refusal = (
-            f"ownership record violated at statement {k} "
-            f"({st.text.splitlines()[0][:60]!r}): live bytes modelled {out.live[k]}, "
-            f"measured {live_after[k]}"
-        )
     return out

@@ -1,11 +1,11 @@
 """The pass on one wrapper: parse, then the profile, search and decide stages.
 
 :func:`optimize_wrapper` runs the three stages, each a module returning a
-dataclass: ``inductor_pass/profile.py`` (:class:`~inductor_pass.profile.Profiled`:
+dataclass: ``inductor_pass/stages/profile.py`` (:class:`~inductor_pass.stages.profile.Profiled`:
 the byte-exact model of the original program, or why it is left unchanged),
-``inductor_pass/search.py`` (:class:`~inductor_pass.search.Searched`: the best
-order, its bounds and certificate, recomputation) and ``inductor_pass/decide.py``
-(:class:`~inductor_pass.decide.Decision`: both programs measured, the deploy
+``inductor_pass/stages/search.py`` (:class:`~inductor_pass.stages.search.Searched`: the best
+order, its bounds and certificate, recomputation) and ``inductor_pass/stages/decide.py``
+(:class:`~inductor_pass.stages.decide.Decision`: both programs measured, the deploy
 rule), and fills the graph's :class:`~inductor_pass.report.GraphReport`.
 """
 
@@ -18,22 +18,29 @@ from typing import Any
 
 import torch
 
-from inductor_pass import guard
 from inductor_pass.config import PassConfig
-from inductor_pass.decide import decide
-from inductor_pass.profile import profile_program
+from inductor_pass.observe import notify, span
+from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
 from inductor_pass.report import GraphReport
-from inductor_pass.search import search_program
-from inductor_pass.wrapper_ast import parse_wrapper, render_region
+from inductor_pass.stages import guard
+from inductor_pass.stages.decide import decide
+from inductor_pass.stages.profile import profile_program
+from inductor_pass.stages.search import search_program
 
-__all__ = ["optimize_wrapper", "InjectedFailure"]
+__all__ = ["InjectedFailure", "optimize_wrapper", "resolver"]
 
 
 class InjectedFailure(RuntimeError):
     """Raised inside the pass by ``PassConfig.inject_failure`` (tests of the fallback)."""
 
 
-def _resolver(base_globals: dict[str, Any]) -> Callable[[str], object]:
+def resolver(base_globals: dict[str, Any]) -> Callable[[str], object]:
+    """A function from a dotted name in a wrapper module to the object it names.
+
+    Args:
+        base_globals: The module's globals (names not there are builtins).
+    """
+
     def resolve(dotted: str) -> object:
         parts = dotted.split(".")
         if parts[0] in base_globals:
@@ -66,16 +73,16 @@ def optimize_wrapper(
         base_globals: The loaded module's globals (kernels, constants).
         real_inputs: The inputs of a real call (copied, never modified). The
             kernels only ever run on copies of real inputs (Note [Profiling
-            on real inputs] in ``inductor_pass/first_call.py``).
+            on real inputs] in ``inductor_pass/runtime/first_call.py``).
         original_call: The loaded ``call`` (built from ``source`` when None).
         partitions: ``runner.partitions`` of the loaded module, if any.
         config: Pass options.
         kind: ``"forward"``, ``"backward"`` or ``"inference"`` (for the report).
         owned: Per input, whether the call owns it (from
-            :func:`inductor_pass.guard.input_ownership` at the first real
+            :func:`inductor_pass.stages.guard.input_ownership` at the first real
             call); None: the caller holds every input.
         keep: When given, ``keep["profiled"]`` receives the profile stage's
-            :class:`~inductor_pass.profile.Profiled` (Note [Variant bound]).
+            :class:`~inductor_pass.stages.profile.Profiled` (Note [Variant bound]).
 
     Returns:
         ``(report, call, runner)``: ``call`` is the permuted program's callable
@@ -100,23 +107,25 @@ def optimize_wrapper(
     stage("parse")
     wrapper = parse_wrapper(source)
     rep.num_statements = len(wrapper.region)
-    resolve = _resolver(base_globals)
+    resolve = resolver(base_globals)
     if original_call is None:
         original_call, _ = guard.build_call(source, base_globals, partitions=partitions)
 
     stage("profile")
     try:
-        prof = profile_program(
-            wrapper,
-            base_globals,
-            real_inputs,
-            owned=owned,
-            partitions=partitions,
-            check_effects=config.check_effects,
-            resolve=resolve,
-        )
+        with span("profile stage"):
+            prof = profile_program(
+                wrapper,
+                base_globals,
+                real_inputs,
+                owned=owned,
+                partitions=partitions,
+                check_effects=config.check_effects,
+                resolve=resolve,
+            )
     except guard.DynamicShapes as exc:
         return done(f"left unchanged: dynamic shapes ({exc}); a peak is certified per size")
+    notify("profiled", source, prof)  # Note [Compile observers]
     if keep is not None:
         keep["profiled"] = prof
     rep.owned_inputs = sum(prof.owned)
@@ -128,14 +137,15 @@ def optimize_wrapper(
         return done("left unchanged: " + prof.refusal)
 
     stage("search")
-    found = search_program(
-        prof,
-        base_globals=base_globals,
-        partitions=partitions,
-        resolve=resolve,
-        config=config,
-        rep=rep,
-    )
+    with span("search stage"):
+        found = search_program(
+            prof,
+            base_globals=base_globals,
+            partitions=partitions,
+            resolve=resolve,
+            config=config,
+            rep=rep,
+        )
     res = found.result
     rep.num_units = found.num_units
     rep.search_seconds = res.core_seconds
@@ -163,16 +173,17 @@ def optimize_wrapper(
     rep.permuted_order = None if found.recomputed else list(res.stmt_order)
 
     stage("guard")
-    d = decide(
-        prof,
-        found,
-        new_src,
-        original_call=original_call,
-        base_globals=base_globals,
-        partitions=partitions,
-        config=config,
-        kind=kind,
-    )
+    with span("decide stage"):
+        d = decide(
+            prof,
+            found,
+            new_src,
+            original_call=original_call,
+            base_globals=base_globals,
+            partitions=partitions,
+            config=config,
+            kind=kind,
+        )
     rep.measured_original_peak = d.measured_original_peak
     rep.measured_permuted_peak = d.measured_permuted_peak
     rep.measured_all_held_peaks = d.measured_all_held_peaks

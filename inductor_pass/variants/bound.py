@@ -1,17 +1,17 @@
 """A variant program's lower bound from its source and the default program's profile.
 
 Note [Variant bound]
-A program variant (Note [Program variants] in ``inductor_pass/variants.py``)
+A program variant (Note [Program variants] in ``inductor_pass/variants/choose.py``)
 can only be deployed when its measured peak is strictly below the default
 program's deployed one, ``P``. Running the pass on a variant needs its C++
 kernels, and compiling those is most of what a variant costs at a cold
 compile (about one second of CPU per kernel body the default does not share,
-issue 12). So the variant's kernels are built lazily (Note [Lazy variant
-kernels] in ``inductor_pass/backend.py``), and at the first call the pass
+``benchmarks/results/compile_tv.md``). So the variant's kernels are built lazily (Note [Lazy variant
+kernels] in ``inductor_pass/variants/kernels.py``), and at the first call the pass
 first bounds the variant from its source alone: if no order of its kernel
 calls can peak below ``P``, it is reported with that bound and never built.
 
-The bound is the pass's own (``inductor_pass/permute.py``: the scheduling
+The bound is the pass's own (``inductor_pass/program/permute.py``: the scheduling
 core's lower bounds over the unit DAG) computed on a *static* model of the
 variant (:func:`static_model`), which is built from the same statement rules
 as the profiled model, with sizes taken from the default program's profile:
@@ -27,7 +27,7 @@ as the profiled model, with sizes taken from the default program's profile:
   projection ``bufA = bufB[i]`` is the default's same projection;
 - a statement's transient is its results' bytes (plus, for a non-generated
   call whose text the default has too, the default's measured transient);
-- dependences come from :func:`inductor_pass.units.build_dependences`, as for
+- dependences come from :func:`inductor_pass.program.units.build_dependences`, as for
   the profiled model.
 
 Every size and transient is at most the real one, so every order's modelled
@@ -45,8 +45,9 @@ from collections.abc import Callable
 
 import torch
 
-from inductor_pass.units import ProgramModel, build_dependences, simulate
-from inductor_pass.wrapper_ast import Stmt, StmtKind, Wrapper, _dotted, parse_wrapper
+from inductor_pass.program.kernel_sigs import dotted_name
+from inductor_pass.program.units import ProgramModel, build_dependences, simulate
+from inductor_pass.program.wrapper_ast import Stmt, StmtKind, Wrapper, parse_wrapper
 
 __all__ = ["StaticModelError", "alloc_bytes", "static_model", "confirm_rules", "variant_bound"]
 
@@ -65,7 +66,7 @@ def alloc_bytes(st: Stmt) -> int | None:
         stride = ast.literal_eval(call.args[1])
     except (ValueError, SyntaxError, TypeError):
         return None
-    dotted = _dotted(call.args[2]) or ""
+    dotted = dotted_name(call.args[2]) or ""
     dtype = getattr(torch, dotted.rsplit(".", 1)[-1], None)
     if not isinstance(dtype, torch.dtype) or not isinstance(size, tuple):
         return None
@@ -213,7 +214,7 @@ def variant_bound(
         ``(bound, why)``: ``bound`` is None when none can be given (``why`` says
         why); otherwise ``why`` names the bound.
     """
-    from inductor_pass.permute import search_order
+    from inductor_pass.program.permute import search_order
 
     problem = confirm_rules(default)
     if problem is not None:

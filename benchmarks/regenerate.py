@@ -26,9 +26,12 @@ module does that, for benchmarks only (nothing here is deployed):
   through the ``torch_replay`` backend while it is active: a copy of the FX
   graph before compilation, its example inputs and compile options, and at
   the first call copies of the real inputs, their ownership (Note [Input
-  ownership] in ``inductor_pass/guard.py``), the original call and the
-  pass's report. :func:`regenerate` then compiles and measures the
-  regenerated program exactly as the guard measures the pass's programs.
+  ownership] in ``inductor_pass/stages/guard.py``), the original call and the
+  pass's report. It is a compile observer of the backend (Note [Compile
+  observers] in ``inductor_pass/observe.py``): nothing of the pass is
+  patched. :func:`regenerate` then compiles and measures the regenerated
+  program exactly as the guard measures the pass's programs, collecting it
+  with ``inductor_pass.runtime.state.collecting`` instead of arming the pass.
 
 Predicted is the pass's modelled peak for its order; measured is the
 regenerated program's peak under the counting allocator, as the runtime
@@ -39,22 +42,27 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from inductor_pass.observe import CompileObserver, observing
+from inductor_pass.program.units import declared_effects
+from inductor_pass.program.wrapper_ast import StmtKind, parse_wrapper
+from inductor_pass.runtime.backend import install_post_compile_hook
+from inductor_pass.runtime.state import collecting
+from inductor_pass.runtime.variant_compile import copy_graph
+from inductor_pass.stages import guard
+from inductor_pass.variants.choose import Program
 
 __all__ = ["Capture", "GraphCapture", "Regenerated", "unit_names", "order_pass", "regenerate"]
 
 
 def unit_names(source: str) -> list[set[str]]:
     """Per kernel-call statement of a wrapper, in text order: the names it binds or writes."""
-    from inductor_pass.units import declared_effects
-    from inductor_pass.wrapper_ast import StmtKind, parse_wrapper
-
     wrapper = parse_wrapper(source)
 
     def resolve(dotted: str) -> object:
@@ -182,16 +190,12 @@ class Regenerated:
     notes: list[str] = field(default_factory=list)
 
 
-_STATE = threading.local()
-
-
-class Capture:
+class Capture(CompileObserver):
     """Record regeneration material for graphs compiled through ``torch_replay`` (benchmarks).
 
     Use as a context manager around compiling and running the first step;
     ``graphs`` then holds one :class:`GraphCapture` per graph whose first
-    call ran. Patches ``inductor_pass.backend._inner_compile`` and
-    ``FirstCallPass._run_pass`` while active (restored on exit).
+    call ran.
     """
 
     def __init__(self) -> None:
@@ -199,59 +203,49 @@ class Capture:
         self.graphs: list[GraphCapture] = []
         self.overhead_s = 0.0
         """Time spent in the capture itself (copies), to subtract from compile times."""
+        self._before: dict[int, Any] = {}
+        self._observing: Any = None
 
     def __enter__(self) -> Capture:
-        from inductor_pass import backend, first_call
-
-        self._inner = backend._inner_compile
-        self._run = first_call.FirstCallPass._run_pass
-        cap = self
-
-        def inner_compile(gm, example_inputs, *, _config, **kw):
-            t0 = time.perf_counter()
-            gm_copy = copy.deepcopy(gm)
-            cap.overhead_s += time.perf_counter() - t0
-            out = cap._inner(gm, example_inputs, _config=_config, **kw)
-            src = getattr(out, "source_code", None)
-            if isinstance(src, str):
-                from torch._guards import detect_fake_mode
-
-                cap.pending[src] = GraphCapture(
-                    gm=gm_copy,
-                    example_inputs=list(example_inputs),
-                    kwargs=dict(kw),
-                    source=src,
-                    fake_mode=detect_fake_mode(example_inputs),
-                )
-            return out
-
-        def run_pass(fc, args, owned, source, glob, partitions, kind, config):
-            original_call = fc.impl
-            cap._run(fc, args, owned, source, glob, partitions, kind, config)
-            g = cap.pending.pop(source, None)
-            if g is None:
-                return
-            from inductor_pass import guard, report
-
-            t0 = time.perf_counter()
-            g.inputs = guard.copy_real_inputs(args)
-            g.owned = list(owned) if owned is not None else None
-            g.original_call = original_call
-            g.report = next(
-                (r for r in reversed(report.reports()) if r.original_source == source), None
-            )
-            cap.graphs.append(g)
-            cap.overhead_s += time.perf_counter() - t0
-
-        backend._inner_compile = inner_compile
-        first_call.FirstCallPass._run_pass = run_pass
+        self._observing = observing(self)
+        self._observing.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from inductor_pass import backend, first_call
+        self._observing.__exit__(*exc)
 
-        backend._inner_compile = self._inner
-        first_call.FirstCallPass._run_pass = self._run
+    def before_inner_compile(self, gm: Any, example_inputs: Any, kwargs: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        self._before[id(gm)] = copy_graph(gm)
+        self.overhead_s += time.perf_counter() - t0
+
+    def after_inner_compile(
+        self, gm: Any, example_inputs: Any, kwargs: dict[str, Any], compiled: Any
+    ) -> None:
+        from torch._guards import detect_fake_mode
+
+        gm_copy = self._before.pop(id(gm))
+        src = getattr(compiled, "source_code", None)
+        if isinstance(src, str):
+            self.pending[src] = GraphCapture(
+                gm=gm_copy,
+                example_inputs=list(example_inputs),
+                kwargs=dict(kwargs),
+                source=src,
+                fake_mode=detect_fake_mode(example_inputs),
+            )
+
+    def first_call(self, source, args, owned, original_call, report, seconds) -> None:
+        g = self.pending.pop(source, None)
+        if g is None:
+            return
+        t0 = time.perf_counter()
+        g.inputs = guard.copy_real_inputs(args)
+        g.owned = list(owned) if owned is not None else None
+        g.original_call = original_call
+        g.report = report
+        self.graphs.append(g)
+        self.overhead_s += time.perf_counter() - t0
 
 
 def _kernel_calls_follow(regen_source: str, target: Sequence[set[str]]) -> bool:
@@ -270,19 +264,6 @@ def _kernel_calls_follow(regen_source: str, target: Sequence[set[str]]) -> bool:
         if queue:
             seq.append(queue.pop(0))
     return seq == sorted(seq)
-
-
-@contextlib.contextmanager
-def _collect() -> Iterator[list[Any]]:
-    from inductor_pass import backend
-
-    sink: list[Any] = []
-    previous = getattr(backend._HOOK, "sink", None)
-    backend._HOOK.sink = sink
-    try:
-        yield sink
-    finally:
-        backend._HOOK.sink = previous
 
 
 def regenerate(g: GraphCapture, target_source: str) -> Regenerated:
@@ -304,11 +285,9 @@ def regenerate(g: GraphCapture, target_source: str) -> Regenerated:
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    from inductor_pass import backend, guard
-
     if g.inputs is None:
         raise ValueError("the graph's first call did not run; nothing to measure on")
-    backend._install_post_compile_hook()
+    install_post_compile_hook()
     units = unit_names(target_source)
     hook = order_pass(units)
     patches = {
@@ -320,13 +299,13 @@ def regenerate(g: GraphCapture, target_source: str) -> Regenerated:
     with contextlib.ExitStack() as stack:
         if ctx is not None:
             stack.enter_context(tracing(ctx))
-        sink = stack.enter_context(_collect())
+        sink = stack.enter_context(collecting())
         stack.enter_context(inductor_config.patch(patches))
         compile_fx_inner(copy.deepcopy(g.gm), g.example_inputs, **g.kwargs)
-    got = [s for s in sink if isinstance(s, tuple)]
+    got = [s for s in sink if isinstance(s, Program)]
     if len(got) != 1:
         raise RuntimeError(f"regeneration produced {len(sink)} programs ({sink!r:.120})")
-    source, _glob, call, _parts = got[0]
+    source, call = got[0].source, got[0].call
     peak, out_r, in_r = guard.measure_cpu(call, g.inputs, owned=g.owned)
     _, out_o, in_o = guard.measure_cpu(g.original_call, g.inputs, owned=g.owned)
     same = guard.bitwise_equal([*out_o, *in_o], [*out_r, *in_r])

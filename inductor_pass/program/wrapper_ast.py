@@ -13,14 +13,13 @@ statement gets a :class:`StmtKind`:
 - ``CHECK``: ``assert_size_stride`` / ``assert_alignment`` and, from torch 2.14,
   ``assert_size_stride_grouped`` / ``assert_tensor_metadata`` (metadata checks, no
   effect on bytes; as units they were barriers with unknown effects, which made
-  the effect check hash every live storage around each, issue 12);
+  the effect check hash every live storage around each: ``benchmarks/results/compile_tv.md``);
 - ``DEL``: ``del name`` (frees the storage when it was the last reference);
 - ``UNIT``: anything else (kernel calls: C++ ``cpp_pybinding`` kernels,
   ``extern_kernels.*``, ``torch.ops.*`` fallbacks, Triton ``.run``).
 
-Kernel signatures are read from the module source: the argument types of
-``async_compile.cpp_pybinding([...], src)`` (``const T*`` is read-only) and
-the argument names and ``mutated_arg_names`` of ``async_compile.triton(...)``.
+Kernel signatures are read from the module source
+(``inductor_pass/program/kernel_sigs.py``).
 """
 
 from __future__ import annotations
@@ -28,12 +27,13 @@ from __future__ import annotations
 import ast
 import enum
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from inductor_pass.program.kernel_sigs import KernelSig, dotted_name, kernel_sigs, names_in
 
 __all__ = [
     "StmtKind",
     "Stmt",
-    "KernelSig",
     "Wrapper",
     "UnsupportedWrapper",
     "parse_wrapper",
@@ -61,18 +61,6 @@ _CHECK_FUNCS = {
     "assert_size_stride_grouped",
     "assert_tensor_metadata",
 }
-
-
-@dataclass(kw_only=True, slots=True)
-class KernelSig:
-    """Declared effects of a generated kernel: which positional arguments it writes."""
-
-    kind: str
-    """``"cpp"`` or ``"triton"``."""
-    writes: list[bool]
-    """For each positional argument, whether the kernel may write it."""
-    arg_names: list[str] = field(default_factory=list)
-    """Parameter names when known (``in_ptr0``, ``out_ptr1``, ``in_out_ptr0`` ...)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -116,92 +104,6 @@ class Wrapper:
     """1-based last line of the region (inclusive)."""
     input_names: list[str]
     kernels: dict[str, KernelSig]
-
-
-def _dotted(node: ast.expr) -> str | None:
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
-
-
-def _names_in(node: ast.AST) -> list[str]:
-    out: list[str] = []
-    for n in ast.walk(node):
-        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in out:
-            out.append(n.id)
-    return out
-
-
-_CPP_PARAM = re.compile(r"(const\s+)?[\w:<>]+\s*\*\s*(__restrict__\s+)?(\w+)")
-
-
-def _cpp_sig(argtypes: list[str], src: str) -> KernelSig:
-    names: list[str] = []
-    m = re.search(r'extern\s+"C"[^(]*\bkernel\s*\(([^)]*)\)', src)
-    if m:
-        for p in m.group(1).split(","):
-            pm = _CPP_PARAM.search(p)
-            names.append(pm.group(3) if pm else p.strip().split()[-1] if p.strip() else "")
-    writes = []
-    for i, t in enumerate(argtypes):
-        name = names[i] if i < len(names) else ""
-        is_ptr = "*" in t
-        is_const = t.strip().startswith("const")
-        writes.append(bool(is_ptr and (not is_const or "out_ptr" in name)))
-    return KernelSig(kind="cpp", writes=writes, arg_names=names)
-
-
-def _triton_sig(kernel_name: str, src: str) -> KernelSig | None:
-    m = re.search(r"def\s+" + re.escape(kernel_name) + r"\s*\(([^)]*)\)", src)
-    if m is None:
-        m = re.search(r"def\s+\w+\s*\(([^)]*)\)", src)
-    if m is None:
-        return None
-    names = [a.strip().split(":")[0].split("=")[0].strip() for a in m.group(1).split(",")]
-    names = [n for n in names if n]
-    mutated: set[str] = set()
-    mm = re.search(r"['\"]mutated_arg_names['\"]\s*:\s*\[([^\]]*)\]", src)
-    if mm:
-        mutated = {s.strip().strip("'\"") for s in mm.group(1).split(",") if s.strip()}
-    writes = [n in mutated or n.startswith(("out_ptr", "in_out_ptr")) for n in names]
-    return KernelSig(kind="triton", writes=writes, arg_names=names)
-
-
-def _kernel_sigs(tree: ast.Module) -> dict[str, KernelSig]:
-    sigs: dict[str, KernelSig] = {}
-    for node in tree.body:
-        if not (
-            isinstance(node, ast.Assign)
-            and len(node.targets) == 1
-            and isinstance(node.targets[0], ast.Name)
-            and isinstance(node.value, ast.Call)
-        ):
-            continue
-        name = node.targets[0].id
-        func = _dotted(node.value.func)
-        args = node.value.args
-        if func == "async_compile.cpp_pybinding" and len(args) >= 2:
-            try:
-                argtypes = ast.literal_eval(args[0])
-                src = ast.literal_eval(args[1])
-            except ValueError:
-                continue
-            sigs[name] = _cpp_sig(list(argtypes), str(src))
-        elif func == "async_compile.triton" and len(args) >= 2:
-            try:
-                kname = ast.literal_eval(args[0])
-                src = ast.literal_eval(args[1])
-            except ValueError:
-                continue
-            sig = _triton_sig(str(kname), str(src))
-            if sig is not None:
-                sigs[name] = sig
-    return sigs
 
 
 def _find_call(tree: ast.Module) -> tuple[ast.FunctionDef, bool]:
@@ -256,7 +158,7 @@ def _classify(node: ast.stmt) -> tuple[StmtKind, list[str], list[str], str | Non
             names.append(t.id)
         return StmtKind.DEL, [], names, None, None
     if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
-        callee = _dotted(node.value.func)
+        callee = dotted_name(node.value.func)
         if callee in _CHECK_FUNCS:
             return StmtKind.CHECK, [], [], callee, None
         return StmtKind.UNIT, [], [], callee, None
@@ -273,7 +175,7 @@ def _classify(node: ast.stmt) -> tuple[StmtKind, list[str], list[str], str | Non
             ):
                 return StmtKind.ALIAS, [target.id], [], None, value.value.id
             if isinstance(value, ast.Call):
-                callee = _dotted(value.func)
+                callee = dotted_name(value.func)
                 if callee is not None and _ALLOC_FUNCS.match(callee):
                     return StmtKind.ALLOC, [target.id], [], callee, None
                 if (
@@ -290,7 +192,7 @@ def _classify(node: ast.stmt) -> tuple[StmtKind, list[str], list[str], str | Non
                 if not isinstance(elt, ast.Name):
                     raise UnsupportedWrapper(f"nested unpacking at line {node.lineno}")
                 names.append(elt.id)
-            return StmtKind.UNIT, names, [], _dotted(value.func), None
+            return StmtKind.UNIT, names, [], dotted_name(value.func), None
     raise UnsupportedWrapper(
         f"statement of type {type(node).__name__} at line {node.lineno} is not permuted"
     )
@@ -333,7 +235,7 @@ def parse_wrapper(source: str) -> Wrapper:
         elif (
             isinstance(node, ast.Expr)
             and isinstance(node.value, ast.Call)
-            and _dotted(node.value.func) == f"{args_name}.clear"
+            and dotted_name(node.value.func) == f"{args_name}.clear"
         ):
             i += 1
         else:
@@ -362,7 +264,7 @@ def parse_wrapper(source: str) -> Wrapper:
         elif isinstance(node.value, ast.Call):  # type: ignore[attr-defined]
             uses = sorted(_arg_names(node.value))  # type: ignore[attr-defined]
         else:
-            uses = _names_in(node.value)  # type: ignore[attr-defined]
+            uses = names_in(node.value)  # type: ignore[attr-defined]
         comments, text = _stmt_text(lines, node, line_owner)
         region.append(
             Stmt(
@@ -400,14 +302,14 @@ def parse_wrapper(source: str) -> Wrapper:
         region_first_line=first_line,
         region_last_line=region_nodes[-1].end_lineno or region_nodes[-1].lineno,
         input_names=input_names,
-        kernels=_kernel_sigs(tree),
+        kernels=kernel_sigs(tree),
     )
 
 
 def _arg_names(call: ast.Call) -> set[str]:
     names: set[str] = set()
     for a in [*call.args, *(k.value for k in call.keywords)]:
-        names.update(_names_in(a))
+        names.update(names_in(a))
     return names
 
 

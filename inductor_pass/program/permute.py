@@ -4,8 +4,8 @@ Candidates: the original unit order, a memory-greedy order, two depth-first
 topological orders (as Inductor's ``reorder_for_peak_memory`` tries several
 sorts) and the order of :func:`torch_replay.schedule.plan_unit_order` (exact
 capacity search with min-cut bounds). Every candidate is emitted
-(:func:`inductor_pass.units.emit`) and scored with the byte-exact model
-(:func:`inductor_pass.units.simulate`); the model is the authority.
+(:func:`inductor_pass.program.units.emit`) and scored with the byte-exact model
+(:func:`inductor_pass.program.units.simulate`); the model is the authority.
 
 Note [Mapping to the scheduling core]
 ``torch_replay.schedule.Problem`` frees a buffer right after its last consumer
@@ -17,7 +17,7 @@ of its names, and an output when a name of it is never deleted; a unit whose
 profiled transient exceeds its own new results gets a workspace buffer of
 the difference with no consumer; all precedences (RAW/WAR/WAW, name
 bindings, barriers) are ``extra_edges``. An input the call owns (Note [Input
-ownership] in ``inductor_pass/guard.py``) is a graph input (producer -1)
+ownership] in ``inductor_pass/stages/guard.py``) is a graph input (producer -1)
 consumed by the units that use it, so the core frees it after its last use
 as the wrapper does. The core does not count an owned input no unit uses
 (the wrapper deletes it before the first unit), but every owned input is live
@@ -35,7 +35,7 @@ import heapq
 import time
 from dataclasses import dataclass, field
 
-from inductor_pass.units import EmissionError, ProgramModel, emit, simulate
+from inductor_pass.program.units import EmissionError, ProgramModel, emit, simulate
 
 __all__ = ["SearchResult", "search_order", "core_problem"]
 
@@ -224,7 +224,7 @@ def search_order(
 
     Args:
         model: Program model with dependences filled.
-        units, edges, attached, tail: From :func:`inductor_pass.units.build_dependences`.
+        units, edges, attached, tail: From :func:`inductor_pass.program.units.build_dependences`.
         use_core: Also run :func:`torch_replay.schedule.plan_unit_order`.
         time_limit_s: Budget of the core's exact search.
 
