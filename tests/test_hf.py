@@ -33,7 +33,9 @@ def _build(name: str):
         )  # fmt: skip
         return T.GPT2LMHeadModel(cfg)
     if name == "llama":
-        cfg = T.LlamaConfig(num_hidden_layers=4, num_key_value_heads=2, attention_dropout=0.1, **SMALL)
+        cfg = T.LlamaConfig(
+            num_hidden_layers=4, num_key_value_heads=2, attention_dropout=0.1, **SMALL
+        )
         return T.LlamaForCausalLM(cfg)
     if name == "bert":
         cfg = T.BertConfig(
@@ -162,7 +164,7 @@ def test_offload_frees_the_layer_inputs_as_transformers(monkeypatch):
         _turn_on(model, mode, offload=True)
         refs = []
         hook = model.model.layers[1].register_forward_pre_hook(
-            lambda m, args, kw: refs.append(weakref.ref(args[0])), with_kwargs=True
+            lambda m, args, kw, refs=refs: refs.append(weakref.ref(args[0])), with_kwargs=True
         )
         torch.manual_seed(5)
         loss = _loss(model, "llama")
