@@ -15,91 +15,18 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
 
 import torch_replay as tr  # noqa: E402
+from benchmarks.integrations_stacks import (  # noqa: E402
+    VOCAB,
+    build_hf,
+    hf_loss,
+    hf_step,
+    hf_turn_on,
+    move_router_bias,
+)
 from tests.reference import assert_bitwise  # noqa: E402
-from torch_replay.checkpoint import collect_transactions  # noqa: E402
 from torch_replay.integrations import transformers as tr_hf  # noqa: E402
 
-VOCAB = 64
-SMALL = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_attention_heads=4)
-
-
-def _build(name: str):
-    torch.manual_seed(0)
-    T = transformers
-    if name == "gpt2":
-        cfg = T.GPT2Config(
-            n_layer=4, n_embd=32, n_head=4, vocab_size=VOCAB, n_positions=32,
-            resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1,
-        )  # fmt: skip
-        return T.GPT2LMHeadModel(cfg)
-    if name == "llama":
-        cfg = T.LlamaConfig(
-            num_hidden_layers=4, num_key_value_heads=2, attention_dropout=0.1, **SMALL
-        )
-        return T.LlamaForCausalLM(cfg)
-    if name == "bert":
-        cfg = T.BertConfig(
-            num_hidden_layers=4, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, **SMALL
-        )
-        return T.BertForMaskedLM(cfg)
-    if name == "mixtral":
-        cfg = T.MixtralConfig(
-            num_hidden_layers=4, num_key_value_heads=2, num_local_experts=4,
-            num_experts_per_tok=2, attention_dropout=0.1, **SMALL,
-        )  # fmt: skip
-        return T.MixtralForCausalLM(cfg)
-    if name == "deepseek_v3":
-        cfg = T.DeepseekV3Config(
-            num_hidden_layers=2, moe_intermediate_size=16, num_key_value_heads=4,
-            n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1,
-            first_k_dense_replace=0, n_group=2, topk_group=1, kv_lora_rank=16, q_lora_rank=16,
-            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, attention_dropout=0.1, **SMALL,
-        )  # fmt: skip
-        return T.DeepseekV3ForCausalLM(cfg)
-    if name == "conformer":
-        cfg = T.Wav2Vec2ConformerConfig(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-            conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_feat_extract_layers=2,
-            conv_depthwise_kernel_size=3, num_conv_pos_embeddings=16,
-            num_conv_pos_embedding_groups=4, mask_time_prob=0.0, vocab_size=16,
-        )  # fmt: skip
-        return T.Wav2Vec2ConformerModel(cfg)
-    raise AssertionError(name)
-
-
-def _turn_on(model, mode: str, **options):
-    if mode == "torch":  # transformers' own: torch.utils.checkpoint
-        model.activation_checkpointing_enable(
-            activation_checkpointing_kwargs={"use_reentrant": options.get("use_reentrant", False)},
-            every_n_layers=options.get("every_n_layers", 1),
-            offload=options.get("offload", False),
-        )
-    elif mode == "tr":
-        tr_hf.enable(model, **options)
-
-
-def _loss(model, name):
-    gen = torch.Generator().manual_seed(3)
-    if name == "conformer":
-        out = model(input_values=torch.randn(2, 400, generator=gen)).last_hidden_state
-        return (out * torch.randn(out.shape, generator=gen)).sum()
-    ids = torch.randint(0, VOCAB, (2, 16), generator=gen)
-    return model(input_ids=ids, labels=ids).loss
-
-
-def _step(name, mode, between=None, **options):
-    """One training step; returns loss, every gradient, every buffer, the model."""
-    model = _build(name)
-    model.train()
-    _turn_on(model, mode, **options)
-    torch.manual_seed(5)
-    with collect_transactions() as txns:
-        loss = _loss(model, name)
-    if between is not None:
-        between(model)
-    loss.backward()
-    grads = [p.grad for p in model.parameters()]
-    return loss.detach(), grads, [b.clone() for b in model.buffers()], len(txns)
+SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "mixtral"])
@@ -109,20 +36,12 @@ def _step(name, mode, between=None, **options):
     ids=["plain", "reentrant", "every2"],
 )
 def test_bitwise_transformers_own_checkpointing(name, options):
-    l_t, g_t, b_t, _ = _step(name, "torch", **options)
-    l_r, g_r, b_r, segments = _step(name, "tr", **options)
+    l_t, g_t, b_t, _ = hf_step(name, "torch", **options)
+    l_r, g_r, b_r, segments = hf_step(name, "tr", **options)
     assert segments == 4 // options.get("every_n_layers", 1)  # torch_replay ran each layer
     assert torch.equal(l_r, l_t)
     assert_bitwise(g_r, g_t)
     assert_bitwise(b_r, b_t)
-
-
-def _move_router_bias(model):
-    """Aux-loss-free balancing: the router bias is updated after the forward."""
-    with torch.no_grad():
-        for n, b in model.named_buffers():
-            if n.endswith("e_score_correction_bias"):
-                b.add_(torch.linspace(-1.0, 1.0, b.numel()))
 
 
 def _max_diff(a, b):
@@ -130,9 +49,9 @@ def _max_diff(a, b):
 
 
 def test_deepseek_v3_router_bias_moved_before_backward_is_eager():
-    l_e, g_e, b_e, _ = _step("deepseek_v3", "none", between=_move_router_bias)
-    _, g_t, _, _ = _step("deepseek_v3", "torch", between=_move_router_bias)
-    l_r, g_r, b_r, _ = _step("deepseek_v3", "tr", between=_move_router_bias)
+    l_e, g_e, b_e, _ = hf_step("deepseek_v3", "none", between=move_router_bias)
+    _, g_t, _, _ = hf_step("deepseek_v3", "torch", between=move_router_bias)
+    l_r, g_r, b_r, _ = hf_step("deepseek_v3", "tr", between=move_router_bias)
     assert _max_diff(g_t, g_e) > 1e-3  # torch re-routes with the new bias, silently
     assert torch.equal(l_r, l_e)
     assert_bitwise(g_r, g_e)
@@ -140,9 +59,9 @@ def test_deepseek_v3_router_bias_moved_before_backward_is_eager():
 
 
 def test_wav2vec2_conformer_batchnorm_updated_once():
-    l_e, g_e, b_e, _ = _step("conformer", "none")
-    _, _, b_t, _ = _step("conformer", "torch")
-    l_r, g_r, b_r, _ = _step("conformer", "tr")
+    l_e, g_e, b_e, _ = hf_step("conformer", "none")
+    _, _, b_t, _ = hf_step("conformer", "torch")
+    l_r, g_r, b_r, _ = hf_step("conformer", "tr")
     assert not all(torch.equal(a, b) for a, b in zip(b_t, b_e, strict=True))  # torch: twice
     assert torch.equal(l_r, l_e)
     assert_bitwise(g_r, g_e)
@@ -159,15 +78,15 @@ def test_offload_frees_the_layer_inputs_as_transformers(monkeypatch):
     monkeypatch.setattr(modeling_utils, "get_current_accelerator", lambda: torch.device("cuda"))
     freed = {}
     for mode in ("torch", "tr"):
-        model = _build("llama")
+        model = build_hf("llama")
         model.train()
-        _turn_on(model, mode, offload=True)
+        hf_turn_on(model, mode, offload=True)
         refs = []
         hook = model.model.layers[1].register_forward_pre_hook(
             lambda m, args, kw, refs=refs: refs.append(weakref.ref(args[0])), with_kwargs=True
         )
         torch.manual_seed(5)
-        loss = _loss(model, "llama")
+        loss = hf_loss(model, "llama")
         gc.collect()
         freed[mode] = [r() is None for r in refs]
         hook.remove()
@@ -178,7 +97,7 @@ def test_offload_frees_the_layer_inputs_as_transformers(monkeypatch):
 
 
 def test_disable_and_layer_options():
-    model = _build("llama")
+    model = build_hf("llama")
     tr_hf.enable(model, every_n_layers=2, replay_engine="snapshot")
     layers = tr_hf.layers(model)
     assert [m.gradient_checkpointing for m in layers] == [True, False, True, False]
@@ -192,7 +111,7 @@ def test_disable_and_layer_options():
 
 
 def test_clear_errors_and_model_unchanged():
-    model = _build("llama")
+    model = build_hf("llama")
     with pytest.raises(TypeError, match="replay_state="):
         tr_hf.enable(model, state=[model])
     with pytest.raises(ValueError, match="'layer'"):
@@ -212,7 +131,7 @@ def test_clear_errors_and_model_unchanged():
 
 
 def _trainer_params(mode, tmp_path):
-    model = _build("gpt2")
+    model = build_hf("gpt2")
     if mode == "tr":
         tr_hf.enable(model)
     gen = torch.Generator().manual_seed(11)
