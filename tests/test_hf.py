@@ -152,3 +152,20 @@ def test_trainer_two_steps_equal_transformers_own_checkpointing(tmp_path):
     p_r, model = _trainer_params("tr", tmp_path)
     assert tr_hf.layers(model)[0]._gradient_checkpointing_func.func is tr.checkpoint
     assert_bitwise(p_r, p_t)
+
+
+def test_a_layer_that_does_not_call_the_installed_function_is_refused():
+    """A transformers whose layers stop calling _gradient_checkpointing_func: refused
+    before anything changes, rather than left with torch's checkpoint."""
+    model = build_hf("llama", layers=2)
+    layer_type = type(model.model.layers[0])
+
+    class Changed(layer_type):
+        pass
+
+    Changed.forward = layer_type.forward.__wrapped__  # the plain forward, unwrapped
+    for layer in model.model.layers:
+        layer.__class__ = Changed
+    with pytest.raises(tr.UnsupportedReplayError, match="_gradient_checkpointing_func"):
+        tr_hf.enable(model)
+    assert not model.is_activation_checkpointing

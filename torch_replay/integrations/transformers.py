@@ -32,10 +32,12 @@ import torch
 from torch.autograd.graph import save_on_cpu
 
 from ..checkpoint import checkpoint
+from ..errors import UnsupportedReplayError
 from ..wrapper import resolve_state
 
 __all__ = ["checkpoint_layers", "disable", "enable", "layers"]
 
+_FUNCTION = "_gradient_checkpointing_func"  # what GradientCheckpointingLayer.forward calls
 _REFUSED = ("state", "engine", "gradient_checkpointing_func", "budget")
 
 
@@ -97,6 +99,14 @@ def _check(model: torch.nn.Module, kwargs: dict[str, Any]) -> list[torch.nn.Modu
             }.get(name, "nothing: the checkpoint function is torch_replay.checkpoint")
             raise TypeError(f"torch_replay.integrations.transformers: {name}= is not taken; {hint}")
     found = layers(model)
+    if found and _FUNCTION not in type(found[0]).forward.__code__.co_names:
+        raise UnsupportedReplayError(
+            f"{type(found[0]).__name__}.forward does not call self.{_FUNCTION} (a "
+            "transformers version whose GradientCheckpointingLayer works differently "
+            "from the one torch_replay knows, 5.23.0), so torch_replay cannot install "
+            "its checkpoint there. Use tr.checkpoint_wrapper on the layers instead. "
+            "The model was not changed."
+        )
     if not getattr(model, "supports_gradient_checkpointing", False) or not found:
         raise ValueError(
             f"{type(model).__name__} does not support activation checkpointing in "
@@ -128,8 +138,11 @@ def checkpoint_layers(
     Args:
         model: a transformers model.
         chosen: layers of ``model`` to checkpoint.
-        use_reentrant, replay_state, replay_engine, offload, **checkpoint_kwargs: as
-            :func:`enable`.
+        use_reentrant: as :func:`enable`.
+        replay_state: as :func:`enable`.
+        replay_engine: as :func:`enable`.
+        offload: as :func:`enable`.
+        **checkpoint_kwargs: as :func:`enable`.
 
     Returns:
         None (``model`` is changed in place).
@@ -195,6 +208,8 @@ def enable(
     Raises:
         ValueError: the model does not support checkpointing, or ``replay_state`` is a
             string other than ``"layer"`` (nothing is changed).
+        UnsupportedReplayError: the installed transformers' layers do not call the
+            function transformers installs (a version this does not know).
         TypeError: ``state=`` / ``engine=`` (spelled ``replay_state=`` /
             ``replay_engine=`` here) or ``gradient_checkpointing_func=``.
     """
