@@ -6,6 +6,7 @@ torch.utils.checkpoint under the same hooks."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -156,3 +157,33 @@ def test_undeclared_input_changed_before_backward_is_named():
     a.add_(1.0)
     with pytest.raises(tr.StateMutationError, match="argument 0 of the segment"):
         y.sum().backward()
+
+
+@pytest.mark.parametrize("outer_hook", [False, True])
+def test_nested_checkpoints_pack_and_differentiate_as_torch(outer_hook):
+    """A checkpoint inside a checkpoint: the inner one's inputs go through the outer
+    segment's hooks, as with torch; with an outer save_on_cpu too."""
+    results = {}
+    for which, ck in CHECKPOINTS.items():
+        torch.manual_seed(0)
+        a, b = nn.Linear(6, 6), nn.Linear(6, 6)
+        x = torch.randn(3, 6, requires_grad=True)
+        packed = []
+
+        def pack(t, packed=packed):
+            packed.append(tuple(t.shape))
+            return t.clone()
+
+        def inner(h, ck=ck, b=b):
+            return ck(lambda u: torch.tanh(b(u)), h.sin(), use_reentrant=False)
+
+        def outer(h, ck=ck, a=a):
+            return ck(inner, a(h), use_reentrant=False).cos()
+
+        hooks = saved_tensors_hooks(pack, lambda t: t) if outer_hook else contextlib.nullcontext()
+        with hooks:
+            y = outer(x * 1.0)
+        y.sum().backward()
+        results[which] = (packed, [x.grad] + [p.grad for p in (*a.parameters(), *b.parameters())])
+    assert results["tr"][0] == results["torch"][0]
+    assert_bitwise(results["tr"][1], results["torch"][1])
