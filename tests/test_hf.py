@@ -24,6 +24,7 @@ from benchmarks.integrations_stacks import (  # noqa: E402
     move_router_bias,
 )
 from tests.reference import assert_bitwise  # noqa: E402
+from torch_replay.checkpoint import collect_transactions  # noqa: E402
 from torch_replay.integrations import transformers as tr_hf  # noqa: E402
 
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4)
@@ -169,3 +170,31 @@ def test_a_layer_that_does_not_call_the_installed_function_is_refused():
     with pytest.raises(tr.UnsupportedReplayError, match="_gradient_checkpointing_func"):
         tr_hf.enable(model)
     assert not model.is_activation_checkpointing
+
+
+def test_checkpoint_layers_exactly_the_chosen_ones():
+    """The per-layer step (for a planner): layers 1 and 2 of 4 checkpointed, the others
+    keep their activations; bitwise equal to transformers' checkpointing of the same
+    layers (its flags set by hand), and two segments run."""
+    results = {}
+    for mode in ("torch", "tr"):
+        model = build_hf("llama")
+        model.train()
+        chosen = tr_hf.layers(model)[1:3]
+        if mode == "torch":
+            model.activation_checkpointing_enable()
+            for layer in tr_hf.layers(model):
+                layer.gradient_checkpointing = layer in chosen
+        else:
+            tr_hf.checkpoint_layers(model, chosen)
+        torch.manual_seed(5)
+        with collect_transactions() as txns:
+            loss = hf_loss(model, "llama")
+        loss.backward()
+        results[mode] = (loss.detach(), [p.grad for p in model.parameters()], len(txns))
+    assert [m.gradient_checkpointing for m in tr_hf.layers(model)] == [False, True, True, False]
+    assert results["tr"][2] == 2
+    assert torch.equal(results["tr"][0], results["torch"][0])
+    assert_bitwise(results["tr"][1], results["torch"][1])
+    with pytest.raises(ValueError, match="not GradientCheckpointingLayers"):
+        tr_hf.checkpoint_layers(model, [model.lm_head])

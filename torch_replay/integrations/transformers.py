@@ -129,11 +129,12 @@ def checkpoint_layers(
     **checkpoint_kwargs: Any,
 ) -> None:
     """Checkpoint exactly the layers ``chosen`` with ``tr.checkpoint`` and leave the
-    model's other ``GradientCheckpointingLayer`` s unwrapped (the per-layer step of
-    :func:`enable`, also for a planner that picks the layers).
+    model's other ``GradientCheckpointingLayer`` s unwrapped (what :func:`enable` does
+    once it has picked every n-th layer; also for a planner that picks the layers).
 
-    Expects transformers' flags to be set already (:func:`enable` does that through the
-    model's ``activation_checkpointing_enable``).
+    Turns transformers' checkpointing on through the model's own
+    ``activation_checkpointing_enable`` (its flags on the other modules, the input-grad
+    hook), then sets each layer's flag and function (Note [HF checkpointing mechanism]).
 
     Args:
         model: a transformers model.
@@ -148,17 +149,24 @@ def checkpoint_layers(
         None (``model`` is changed in place).
 
     Raises:
-        ValueError: a layer in ``chosen`` is not one of the model's layers.
+        ValueError: a layer in ``chosen`` is not one of the model's layers, the model
+            does not support checkpointing, or ``replay_state`` is a string other than
+            ``"layer"`` (nothing is changed).
+        TypeError, UnsupportedReplayError: as :func:`enable` (nothing is changed).
     """
-    all_layers = layers(model)
+    all_layers = _check(model, checkpoint_kwargs)
+    resolve_state(replay_state, all_layers[0], "layer")  # refuse a bad value before changing
     picked = {id(m) for m in chosen}
     unknown = picked - {id(m) for m in all_layers}
     if unknown:
         raise ValueError(
             f"{len(unknown)} of the chosen modules are not GradientCheckpointingLayers of "
             f"{type(model).__name__}; pick them from torch_replay.integrations."
-            "transformers.layers(model)"
+            "transformers.layers(model). The model was not changed."
         )
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs={"use_reentrant": use_reentrant}
+    )
     for layer in all_layers:
         layer.gradient_checkpointing = id(layer) in picked
         layer._gradient_checkpointing_func = _layer_function(
@@ -213,15 +221,11 @@ def enable(
         TypeError: ``state=`` / ``engine=`` (spelled ``replay_state=`` /
             ``replay_engine=`` here) or ``gradient_checkpointing_func=``.
     """
-    found = _check(model, checkpoint_kwargs)
-    resolve_state(replay_state, found[0], "layer")  # refuse a bad value before changing
-    model.activation_checkpointing_enable(
-        activation_checkpointing_kwargs={"use_reentrant": use_reentrant},
-        every_n_layers=every_n_layers,
-    )
+    if every_n_layers < 1:
+        raise ValueError(f"every_n_layers must be at least 1, got {every_n_layers}")
     checkpoint_layers(
         model,
-        [m for m in found if m.gradient_checkpointing],
+        layers(model)[::every_n_layers],  # transformers' count (_set_gradient_checkpointing)
         use_reentrant=use_reentrant,
         replay_state=replay_state,
         replay_engine=replay_engine,
