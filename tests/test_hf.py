@@ -198,3 +198,24 @@ def test_checkpoint_layers_exactly_the_chosen_ones():
     assert_bitwise(results["tr"][1], results["torch"][1])
     with pytest.raises(ValueError, match="not GradientCheckpointingLayers"):
         tr_hf.checkpoint_layers(model, [model.lm_head])
+
+
+def test_assert_trains_like_eager_on_a_transformers_model():
+    """torch_replay.testing with transformers: the copy without checkpointing is made by
+    disabling transformers' checkpointing; torch's is caught, torch_replay's passes."""
+    from torch_replay.testing import assert_trains_like_eager
+
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+
+    def loss_fn(m, b):
+        return m(input_ids=b, labels=b).loss
+
+    theirs = build_hf("deepseek_v3", layers=2)
+    theirs.train()
+    hf_turn_on(theirs, "torch")
+    with pytest.raises(AssertionError, match="step 1 of 2: gradient of"):
+        assert_trains_like_eager(theirs, ids, loss_fn, between=move_router_bias)
+    ours = build_hf("deepseek_v3", layers=2)
+    ours.train()
+    tr_hf.enable(ours)
+    assert_trains_like_eager(ours, ids, loss_fn, between=move_router_bias)
