@@ -187,3 +187,19 @@ def test_nested_checkpoints_pack_and_differentiate_as_torch(outer_hook):
         results[which] = (packed, [x.grad] + [p.grad for p in (*a.parameters(), *b.parameters())])
     assert results["tr"][0] == results["torch"][0]
     assert_bitwise(results["tr"][1], results["torch"][1])
+
+
+def test_input_written_in_place_under_an_offloading_hook_is_refused_by_name():
+    """docs/limits.md: the re-run reads the hook's copy, so a write to the input cannot
+    be replayed onto it; refused (torch refuses too, by autograd's version check)."""
+
+    def f(a, w):
+        a.add_(1.0)
+        return (a * w).sin()
+
+    for ck, error in ((tcp.checkpoint, RuntimeError), (tr.checkpoint, tr.StateMutationError)):
+        w, a = torch.randn(4, requires_grad=True), torch.randn(4)
+        with save_on_cpu(pin_memory=True):
+            y = ck(f, a, w, use_reentrant=False)
+        with pytest.raises(error, match="argument 0 of the segment" if ck is tr.checkpoint else ""):
+            y.sum().backward()
