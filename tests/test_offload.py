@@ -189,10 +189,12 @@ def test_nested_checkpoints_pack_and_differentiate_as_torch(outer_hook):
     assert_bitwise(results["tr"][1], results["torch"][1])
 
 
-def test_input_written_in_place_under_an_offloading_hook_is_refused_by_name():
-    """docs/limits.md: the re-run reads the hook's copy, so the segment's write to its
-    input cannot be verified against the forward's: refused by name. (torch re-runs on
-    the copy, which holds the bytes from before the write, and gets eager's gradient.)"""
+@pytest.mark.parametrize("drop", [False, True], ids=["input-kept", "input-dropped"])
+def test_input_written_in_place_under_an_offloading_hook_is_eager(drop):
+    """A segment that writes its input in place, under save_on_cpu: torch re-runs on the
+    hook's copy (the bytes from before the write); torch_replay keeps that input itself
+    (Note [Inputs through outer hooks]). Both give eager's gradient, and the caller's
+    tensor ends as the forward left it."""
 
     def f(a, w):
         a.add_(1.0)
@@ -206,9 +208,10 @@ def test_input_written_in_place_under_an_offloading_hook_is_refused_by_name():
         x = a.clone()
         with save_on_cpu(pin_memory=True):
             y = ck(f, x, w, use_reentrant=False)
-        if ck is tcp.checkpoint:
-            y.sum().backward()
-            assert torch.equal(w.grad, eager)  # torch's own figure
-        else:
-            with pytest.raises(tr.StateMutationError, match="argument 0 of the segment"):
-                y.sum().backward()
+        if drop:
+            del x
+            gc.collect()
+        y.sum().backward()
+        assert torch.equal(w.grad, eager), ck.__module__
+        if not drop:
+            assert torch.equal(x, a + 1.0)

@@ -108,7 +108,11 @@ class _Frame:
     # check would refuse an input that the segment writes in place or that is
     # declared state changed before backward, both of which the transaction
     # handles (it restores or names them). Without outer hooks the inputs are kept
-    # as they are, which is what a hook-less SavedTensor does.
+    # as they are, which is what a hook-less SavedTensor does. An input the segment
+    # writes in place is kept itself once the forward is over (keep_written_inputs):
+    # the re-run must start from its forward-time bytes in its own storage, which the
+    # transaction restores and verifies; the hook's copy is dropped (torch re-runs on
+    # the copy; the gradient is the same).
 
     def save_inputs(self, args) -> None:
         hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
@@ -121,6 +125,16 @@ class _Frame:
                 _Packed(pack(a), a.requires_grad) if isinstance(a, torch.Tensor) else a
                 for a in args
             ]
+
+    def keep_written_inputs(self, args) -> None:
+        """After the forward: an input the segment wrote in place is state the re-run
+        restores and verifies in its own storage, so it is kept itself instead of the
+        outer hook's copy (which the hook packed, as with torch)."""
+        if self.unpack_input is None or not self.txn.has_writes:
+            return
+        for i, a in enumerate(args):
+            if isinstance(self.saved_args[i], _Packed) and self.txn.overwritten_later(a):
+                self.saved_args[i] = a
 
     def get_inputs(self) -> list[Any]:
         return [
@@ -387,5 +401,6 @@ def _checkpoint_nonreentrant(
     except BaseException:
         txn.abort_forward()
         raise
+    frame.keep_written_inputs(args)
     frame.forward_completed = True
     return out
