@@ -116,3 +116,17 @@ def test_accelerate_recipe_trains_as_eager():
     ours = _accelerate("tr")
     assert not all(torch.equal(a, b) for a, b in zip(torch_wrapped, eager, strict=True))
     assert_bitwise(ours, eager)
+
+
+def test_lightning_fsdp_strategy_recognises_the_wrapper():
+    """Lightning's FSDP strategy (lightning.fabric.strategies.fsdp.
+    _setup_activation_checkpointing) skips its own checkpointing when the model holds
+    CheckpointWrapper modules: torch_replay's wrappers are recognised, not wrapped again."""
+    from lightning.fabric.strategies.fsdp import _setup_activation_checkpointing
+
+    model = _net()
+    APPLY["tr"](model)
+    with pytest.warns(UserWarning, match="already contains checkpointed layers"):
+        _setup_activation_checkpointing(model, {"check_fn": lambda m: isinstance(m, Block)})
+    assert type(model[0]).__name__ == "ReplayCheckpointWrapper"
+    assert isinstance(model[0]._checkpoint_wrapped_module, Block)
