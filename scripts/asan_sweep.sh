@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${TORCH_REPLAY_VENV:-.venv}/bin/python"
 [ -x "$PY" ] || PY=/work/main/.venv/bin/python
-PY="$(realpath "$PY")"
+PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 OUT="$PWD/build-asan"
 mkdir -p "$OUT"
 TORCH_REPLAY_ASAN=1 MAX_JOBS="${MAX_JOBS:-1}" "$PY" setup.py -q build_ext \

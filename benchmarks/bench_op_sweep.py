@@ -1,0 +1,98 @@
+"""The differential operator sweep over torch's OpInfo database (tests/op_sweep).
+
+    python benchmarks/bench_op_sweep.py [--quick] [--ops a,b] [--kinds read,inplace,out]
+                                        [--out FILE.md] [--json FILE.json]
+
+For every operator of ``torch.testing._internal.common_methods_invocations.op_db`` (and
+the sweep's own conversions, tests/op_sweep/extra.py) with CPU samples (two float64
+samples, one float32 and one bfloat16 where the op has them), a segment reads a
+pre-existing tensor through the operator (or writes it: in-place and ``out=``
+variants) and the tensor is changed in place before backward. Each case runs in eager
+PyTorch (the reference) and under ``torch_replay.checkpoint`` in 8 modes (observer
+``c++`` / ``python`` x ``use_reentrant`` x undeclared / ``state=[state]``); the table
+counts right, refused (a ``tr.ReplayError``), wrong (silently: a different gradient or
+tensor) and errors (another exception), and the cases whose two observers touched
+different storages.
+
+``--quick`` runs the default test command's subset (tests/op_sweep/quick.py). The
+counts line (``counts: ...``) is what repeated runs must reproduce. Nothing is written
+unless ``--out`` (the markdown table) or ``--json`` (every case's outcomes) is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from tests.op_sweep.quick import QUICK_OPS  # noqa: E402
+from tests.op_sweep.report import RESULTS, counts, markdown, sweep  # noqa: E402
+from tests.op_sweep.run import MODES  # noqa: E402
+
+
+def _counts_line(results) -> str:
+    table = counts(results)
+    parts = []
+    for mode in MODES:
+        c = table[mode.label, "all"]
+        cells = "/".join(str(c[r]) for r in RESULTS)
+        if mode.observer == "c++":
+            cells += f"/storages {c['storages']}"
+        parts.append(f"[{mode.label}] {cells}")
+    return "counts (right/refused/wrong/error): " + "; ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="the default test command's subset")
+    p.add_argument("--ops", default="", help="comma-separated op ids (default: all)")
+    p.add_argument("--kinds", default="read,inplace,out")
+    p.add_argument("--out", default="", help="write the markdown table here")
+    p.add_argument("--json", default="", help="write every case's outcomes here")
+    args = p.parse_args(argv)
+    only = set(QUICK_OPS) if args.quick else None
+    if args.ops:
+        only = set(args.ops.split(","))
+    t0 = time.perf_counter()
+    done = [0]
+
+    def progress(_):
+        done[0] += 1
+        if done[0] % 200 == 0:
+            print(f"  {done[0]} cases, {time.perf_counter() - t0:.0f} s", flush=True)
+
+    s = sweep(only=only, kinds=tuple(args.kinds.split(",")), progress=progress)
+    elapsed = time.perf_counter() - t0
+    text = markdown(s)
+    print(text)
+    print(_counts_line(s.ran()))
+    print(f"elapsed: {elapsed:.0f} s")
+    if args.out:
+        command = "python benchmarks/bench_op_sweep.py " + " ".join(
+            a for a in (argv if argv is not None else sys.argv[1:])
+        )
+        with open(args.out, "w") as f:
+            f.write(f"# Operator sweep\n\nCommand: `{command.strip()}`\n\n{text}")
+    if args.json:
+        rows = [
+            {
+                "case": r.case.label,
+                "sensitive": r.sensitive,
+                "runs": {run.mode.label: [run.result, run.detail] for run in r.runs},
+                "storages_differ": [
+                    [re, d, sorted(a), sorted(b)] for re, d, a, b in r.storage_mismatches()
+                ],
+            }
+            for r in s.ran()
+        ]
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

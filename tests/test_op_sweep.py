@@ -1,0 +1,101 @@
+"""The differential operator sweep (tests/op_sweep): torch's OpInfo database against eager.
+
+For each operator sample a segment reads (or writes, in-place and ``out=``) a pre-existing
+tensor that is changed before backward; eager PyTorch without checkpoint is the
+reference. Undeclared, torch_replay must give eager's result or a ``tr.ReplayError``;
+declared (``state=[...]``), eager's result; both observers, reentrant and not; and the
+C++ observer must record the same pre-existing storages as the Python reference. The
+quick subset (tests/op_sweep/quick.py) runs by default, the whole database with
+``TORCH_REPLAY_SLOW=1`` (``python benchmarks/bench_op_sweep.py`` writes its table).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import torch_replay as tr
+
+from .op_sweep.cases import load_op_db, make_cases, op_id
+from .op_sweep.extra import EXTRA_OPS
+from .op_sweep.quick import QUICK_OPS
+from .op_sweep.report import sweep
+from .op_sweep.run import CaseResult, run_case
+
+
+@functools.cache
+def _ops() -> dict:
+    return {op_id(op): op for op in load_op_db() + list(EXTRA_OPS)}
+
+
+def _failures(res: CaseResult) -> list[str]:
+    """What the rules of the sweep forbid in one case's runs."""
+    out = []
+    for run in res.runs:
+        if run.result == "wrong" or run.result == "error":
+            out.append(f"{run.mode.label}: {run.result}: {run.detail}")
+        elif run.result == "refused" and run.mode.declared:
+            out.append(f"{run.mode.label}: refused although declared: {run.detail}")
+    for reentrant, declared, a, b in res.storage_mismatches():
+        out.append(
+            f"reentrant={reentrant} declared={declared}: the C++ observer touched "
+            f"{sorted(a)}, the Python one {sorted(b)}"
+        )
+    return out
+
+
+@pytest.mark.parametrize("name", QUICK_OPS)
+def test_quick_subset(name):
+    assert name in _ops(), f"{name} is not in op_db nor tests/op_sweep/extra.py"
+    problems = []
+    ran = 0
+    for case, _, _, _ in make_cases([_ops()[name]]):
+        if case is None:
+            continue
+        res = run_case(case)
+        if res.skipped:
+            continue
+        ran += 1
+        problems += [f"{case.label} {p}" for p in _failures(res)]
+    assert ran, f"{name}: no case ran"
+    assert not problems, "\n".join(problems)
+
+
+def test_dtype_conversion_read_is_caught():
+    """The conversion of the issue: a float32 buffer read as float64, changed before
+    backward. The reference is the gradient of the forward that ran (eager)."""
+    for observer in ("c++", "python"):
+        for declared in (False, True):
+            buf = torch.linspace(0.5, 1.5, 12)
+            x = torch.randn(12, dtype=torch.float64, requires_grad=True)
+
+            def fn(x, buf=buf):
+                return (x * buf.to(torch.float64)).exp()
+
+            expected = torch.autograd.grad(fn(x).sum(), [x])[0]
+            old = tr.config.observer
+            tr.config.observer = observer
+            try:
+                kw = {"state": [buf]} if declared else {}
+                y = tr.checkpoint(fn, x, use_reentrant=False, **kw)
+                buf[3] = 9.0
+                try:
+                    (got,) = torch.autograd.grad(y.sum(), [x])
+                except tr.ReplayError:
+                    assert not declared, f"{observer}: declared state refused"
+                    continue
+            finally:
+                tr.config.observer = old
+            torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_whole_op_db():
+    s = sweep()
+    problems = []
+    for res in s.ran():
+        problems += [f"{res.case.label} {p}" for p in _failures(res)]
+    assert len(s.ops_covered) > 600
+    assert not problems, f"{len(problems)} failures:\n" + "\n".join(problems[:200])
