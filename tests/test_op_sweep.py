@@ -46,7 +46,19 @@ def _failures(res: CaseResult) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("name", QUICK_OPS)
+# Sparse CSR state read by a segment: no version counter is watched for a non-strided
+# tensor (csrc/aten/tensor_bytes.cpp `observable`), so a change before backward gives a
+# wrong gradient undeclared, and declaring it raises a plain ValueError.
+_SPARSE_STATE = "a sparse CSR state is neither watched undeclared nor declarable"
+_QUICK = [
+    pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=_SPARSE_STATE))
+    if name in ("sparse.mm.reduce", "sparse.sampled_addmm")
+    else name
+    for name in QUICK_OPS
+]
+
+
+@pytest.mark.parametrize("name", _QUICK)
 def test_quick_subset(name):
     assert name in _ops(), f"{name} is not in op_db nor tests/op_sweep/extra.py"
     problems = []
