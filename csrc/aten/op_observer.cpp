@@ -160,15 +160,15 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   const OpInfo& info = info_of(s, fn);
-  if (!info.op) {
+  // A view-annotated operator is not counted (Note [Alias-annotated
+  // composites]): what its implementation calls is observed as if the
+  // segment called it.
+  if (!info.op || info.skip) {
     return nullptr;
   }
   s.frames.back() = &info;
   CallbackGuard guard(s);
   const int depth = s.depth++;
-  if (info.skip) {
-    return nullptr;
-  }
   std::vector<at::Tensor>& tensors = s.tensors;
   std::vector<bool>& writes = s.writes;
   std::optional<at::Generator> generator;
@@ -216,9 +216,6 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
   }
   CallbackGuard guard(s);
   const OpInfo& info = *counted;
-  if (info.skip) {
-    return;
-  }
   std::vector<at::Tensor>& outputs = s.tensors;
   std::vector<bool>& unused = s.writes;
   outputs.clear();
@@ -243,12 +240,12 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
     return nullptr;
   }
   const OpInfo& info = info_of(s, fn);
-  if (!info.op) {
-    return nullptr;
+  if (!info.op || info.skip) {
+    return nullptr;  // (not counted, as in on_start)
   }
   s.watch_frames.back() = &info;
   const int depth = s.watch_depth++;
-  if (depth > 0 || info.skip) {
+  if (depth > 0) {
     return nullptr;
   }
   CallbackGuard guard(s);

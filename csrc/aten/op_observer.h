@@ -20,6 +20,19 @@
 //     composite operators and the operators they decompose into alike, but
 //     not the kernels an autograd kernel redispatches to. Views are skipped:
 //     they read no bytes, the operators that use them will.
+//
+// Note [Alias-annotated composites]
+// A schema whose arguments carry a non-writing alias annotation, `Tensor(a)`,
+// says the result *may* alias the argument, not that it does: `to`,
+// `contiguous`, `reshape`, `type_as`, `flatten`, `expand_as` ... return the
+// argument itself (or a view of it) when they can and a fresh copy when they
+// cannot, made by an operator they call (`_to_copy`, `clone`,
+// `_unsafe_view`). So such an operator is not counted in the nesting at all:
+// it reads no bytes itself, and the operators its implementation calls are
+// observed as if the segment had called them (depth 0), their reads and
+// outputs included. Counting it would hide the copy's read of pre-existing
+// state as "the enclosing operator's read" of an operator that recorded
+// nothing, and the copy it returns would not be known as made by the segment.
 //   * Errors: the dispatcher swallows exceptions thrown by RecordFunction
 //     callbacks, so a refusal (overlap, integer write on a gradient path, a
 //     re-run reading outside the forward's footprint) is kept as the

@@ -369,12 +369,12 @@ void Transaction::after_op(
     if (replay) {
       if (!footprint_.count(key) && !declared_.count(key) &&
           !live_.saved(key).bytes() && !external_.count(key)) {
-        replay_internal_.insert(key);
+        replay_internal_.emplace(key, t.storage().getWeakStorageImpl());
       }
       continue;
     }
     if (!external_.count(key)) {
-      internal_.insert(key);
+      internal_.emplace(key, t.storage().getWeakStorageImpl());
     }
     // (An output that requires grad shows it itself; the map is for outputs
     // made under no_grad, as in the reentrant forward.)

@@ -54,6 +54,14 @@
 
 namespace torch_replay::aten {
 
+// Note [Storage keys]
+// A storage is keyed by the address of its StorageImpl. An address is reused
+// once the StorageImpl is freed, so a transaction holds a weak reference to
+// every storage whose key it remembers (pre-existing, made by the segment,
+// made by the re-run): a weak reference keeps the StorageImpl's memory (not
+// its bytes) allocated, so no later storage can get the same key while the
+// transaction lives, and its facts never depend on what the allocator did.
+
 // Address of the tensor's StorageImpl: the key of a storage everywhere.
 StorageKey storage_key(const at::Tensor& t);
 
@@ -261,7 +269,11 @@ class Transaction {
   // address that is its key.
   std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
       external_;
-  std::unordered_set<StorageKey> internal_;
+  // Storages the segment made. Weak references too, for the same reason: a
+  // storage made and freed inside the forward must not give its key to one
+  // the forward did not see made (Note [Storage keys]).
+  std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
+      internal_;
   std::map<StorageKey, External> written_external_;
   std::map<StorageKey, RangeSet> footprint_, writes_;
   std::vector<c10::Device> devices_seen_;
@@ -286,7 +298,8 @@ class Transaction {
 
   // Replay bookkeeping.
   RegionStore live_;
-  std::unordered_set<StorageKey> replay_internal_;
+  std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
+      replay_internal_;
   std::vector<std::pair<
       c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>,
       int64_t>>
