@@ -12,7 +12,8 @@ PyTorch (the reference) and under ``torch_replay.checkpoint`` in 8 modes (observ
 ``c++`` / ``python`` x ``use_reentrant`` x undeclared / ``state=[state]``); the table
 counts right, refused (a ``tr.ReplayError``), wrong (silently: a different gradient or
 tensor) and errors (another exception), and the cases whose two observers touched
-different storages.
+different storages. torch.utils.checkpoint runs the same cases as the baseline (its
+wrong count shows the cases can tell a wrong gradient from eager's).
 
 ``--quick`` runs the default test command's subset (tests/op_sweep/quick.py). The
 counts line (``counts: ...``) is what repeated runs must reproduce. Nothing is written
@@ -31,13 +32,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from tests.op_sweep.quick import QUICK_OPS  # noqa: E402
 from tests.op_sweep.report import RESULTS, counts, markdown, sweep  # noqa: E402
-from tests.op_sweep.run import MODES  # noqa: E402
+from tests.op_sweep.run import BASELINE, MODES  # noqa: E402
 
 
 def _counts_line(results) -> str:
     table = counts(results)
     parts = []
-    for mode in MODES:
+    for mode in MODES + BASELINE:
         c = table[mode.label, "all"]
         cells = "/".join(str(c[r]) for r in RESULTS)
         if mode.observer == "c++":

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 
 from .cases import load_op_db, make_cases
 from .extra import EXTRA_OPS
-from .run import MODES, CaseResult, run_case
+from .run import BASELINE, MODES, CaseResult, run_case
 
 __all__ = ["RESULTS", "Sweep", "counts", "markdown", "sweep"]
 
@@ -101,7 +101,7 @@ def markdown(s: Sweep) -> str:
         "| mode | cases | right | refused | wrong | errors | storages differ (c++ vs python) |",
         "|---|---|---|---|---|---|---|",
     ]
-    for mode in MODES:
+    for mode in MODES + BASELINE:
         lines.append(_row(mode.label, table[mode.label, "all"], mode.observer))
     lines += ["", "By kind:", ""]
     lines += [
@@ -127,6 +127,8 @@ def _lists(ran: list[CaseResult], skipped: list[tuple[str, str, str]]) -> list[s
         by_op: dict = collections.defaultdict(lambda: collections.defaultdict(set))
         for res in ran:
             for run in res.runs:
+                if run.mode.observer == "torch":
+                    continue
                 if run.result == want and (modes is None or run.mode.declared == modes):
                     by_op[res.case.op_id][run.detail].add(run.mode.label)
         lines.append(f"## {title}: {len(by_op)} ops")

@@ -25,6 +25,7 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
+import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
 from torch_replay._ext import require_extension
@@ -32,6 +33,7 @@ from torch_replay._ext import require_extension
 from .cases import Case, change_state
 
 __all__ = [
+    "BASELINE",
     "MODES",
     "CaseResult",
     "Mode",
@@ -44,7 +46,9 @@ SEED = 1234
 
 @dataclass(frozen=True, slots=True)
 class Mode:
-    """One way of checkpointing a case."""
+    """One way of checkpointing a case: ``observer`` ``"c++"`` or ``"python"`` for
+    torch_replay, ``"torch"`` for torch.utils.checkpoint (the baseline, which ignores
+    ``declared``)."""
 
     observer: str
     reentrant: bool
@@ -52,6 +56,8 @@ class Mode:
 
     @property
     def label(self) -> str:
+        if self.observer == "torch":
+            return f"torch.utils.checkpoint reentrant={self.reentrant}"
         return (
             f"{self.observer} reentrant={self.reentrant} "
             f"{'declared' if self.declared else 'undeclared'}"
@@ -63,6 +69,11 @@ MODES: tuple[Mode, ...] = tuple(
     for o in ("c++", "python")
     for r in (False, True)
     for d in (False, True)
+)
+# torch.utils.checkpoint on the same cases: how many it gets silently wrong shows that
+# the cases can tell a wrong gradient from eager's.
+BASELINE: tuple[Mode, ...] = tuple(
+    Mode(observer="torch", reentrant=r, declared=False) for r in (False, True)
 )
 
 
@@ -166,15 +177,18 @@ def _checkpointed(case: Case, mode: Mode, ref_grad, ref_tensors) -> Run:
     keys = _keys(smp.named)
     x = _x()
     old = tr.config.observer
-    tr.config.observer = mode.observer
     touched = None
     try:
         torch.manual_seed(SEED)
-        kw = {"state": smp.declared} if mode.declared else {}
-        y = tr.checkpoint(smp.call, x, use_reentrant=mode.reentrant, **kw)
-        txn = tr.last_transaction()
-        if txn is not None:
-            touched = frozenset(keys[k] for k in txn.touched_storages if k in keys)
+        if mode.observer == "torch":
+            y = tcp.checkpoint(smp.call, x, use_reentrant=mode.reentrant)
+        else:
+            tr.config.observer = mode.observer
+            kw = {"state": smp.declared} if mode.declared else {}
+            y = tr.checkpoint(smp.call, x, use_reentrant=mode.reentrant, **kw)
+            txn = tr.last_transaction()
+            if txn is not None:
+                touched = frozenset(keys[k] for k in txn.touched_storages if k in keys)
         change_state(smp.state)
         y.backward()
     except tr.ReplayError as exc:
@@ -202,7 +216,7 @@ def _checkpointed(case: Case, mode: Mode, ref_grad, ref_tensors) -> Run:
     return Run(mode=mode, result="right", touched=touched)
 
 
-def run_case(case: Case, modes: tuple[Mode, ...] = MODES) -> CaseResult:
+def run_case(case: Case, modes: tuple[Mode, ...] = MODES + BASELINE) -> CaseResult:
     """Runs ``case`` in eager PyTorch and in each of ``modes``.
 
     Args:
