@@ -1,7 +1,7 @@
 """The differential operator sweep over torch's OpInfo database (tests/op_sweep).
 
     python benchmarks/bench_op_sweep.py [--quick] [--ops a,b] [--kinds read,inplace,out]
-                                        [--out FILE.md] [--json FILE.json]
+                                        [--out FILE.md] [--json FILE.json] [--repeat N]
 
 For every operator of ``torch.testing._internal.common_methods_invocations.op_db`` (and
 the sweep's own conversions, tests/op_sweep/extra.py) with CPU samples (two float64
@@ -16,8 +16,10 @@ different storages. torch.utils.checkpoint runs the same cases as the baseline (
 wrong count shows the cases can tell a wrong gradient from eager's).
 
 ``--quick`` runs the default test command's subset (tests/op_sweep/quick.py). The
-counts line (``counts: ...``) is what repeated runs must reproduce. Nothing is written
-unless ``--out`` (the markdown table) or ``--json`` (every case's outcomes) is given.
+counts line (``counts: ...``) is what repeated runs must reproduce: ``--repeat N`` runs
+the sweep N times, each in a new process, and compares every case's outcome in every
+mode (exit status 1 if any differs). Nothing is written unless ``--out`` (the markdown
+table) or ``--json`` (every case's outcomes) is given.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -47,6 +51,36 @@ def _counts_line(results) -> str:
     return "counts (right/refused/wrong/error): " + "; ".join(parts)
 
 
+def _repeat(n: int, argv: list[str]) -> int:
+    """Runs the sweep ``n`` times in new processes; compares every case's outcomes."""
+    runs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(n):
+            path = os.path.join(tmp, f"run{i}.json")
+            out = subprocess.run(
+                [sys.executable, os.path.abspath(__file__), *argv, "--json", path],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            line = next(t for t in out.splitlines() if t.startswith("counts"))
+            print(f"run {i + 1}: {line}", flush=True)
+            with open(path) as f:
+                runs.append({r["case"]: r for r in json.load(f)})
+    differ = 0
+    for case in sorted(set().union(*runs)):
+        seen = [r.get(case) for r in runs]
+        outcomes = [
+            None if r is None else ({m: v[0] for m, v in r["runs"].items()}, r["storages_differ"])
+            for r in seen
+        ]
+        if any(o != outcomes[0] for o in outcomes[1:]):
+            differ += 1
+            print(f"differs: {case}: {outcomes}")
+    print(f"{n} runs, {len(runs[0])} cases each: {differ} cases differ between runs")
+    return 1 if differ else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="the default test command's subset")
@@ -54,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", default="read,inplace,out")
     p.add_argument("--out", default="", help="write the markdown table here")
     p.add_argument("--json", default="", help="write every case's outcomes here")
+    p.add_argument("--repeat", type=int, default=0, help="run N times, compare the outcomes")
     args = p.parse_args(argv)
+    if args.repeat:
+        rest = list(argv if argv is not None else sys.argv[1:])
+        i = rest.index("--repeat")
+        return _repeat(args.repeat, rest[:i] + rest[i + 2 :])
     only = set(QUICK_OPS) if args.quick else None
     if args.ops:
         only = set(args.ops.split(","))
