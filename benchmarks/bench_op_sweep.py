@@ -18,7 +18,7 @@ wrong count shows the cases can tell a wrong gradient from eager's).
 ``--quick`` runs the default test command's subset (tests/op_sweep/quick.py). The
 counts line (``counts: ...``) is what repeated runs must reproduce: ``--repeat N`` runs
 the sweep N times, each in a new process, and compares every case's outcome in every
-mode (exit status 1 if any differs). Nothing is written unless ``--out`` (the markdown
+mode (exit status 1 if any differs; ``--out`` is written by the first run). Nothing is written unless ``--out`` (the markdown
 table) or ``--json`` (every case's outcomes) is given.
 """
 
@@ -54,11 +54,16 @@ def _counts_line(results) -> str:
 def _repeat(n: int, argv: list[str]) -> int:
     """Runs the sweep ``n`` times in new processes; compares every case's outcomes."""
     runs = []
+    later = list(argv)  # --out (the table) is written by the first run only
+    if "--out" in later:
+        i = later.index("--out")
+        del later[i : i + 2]
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):
             path = os.path.join(tmp, f"run{i}.json")
             out = subprocess.run(
-                [sys.executable, os.path.abspath(__file__), *argv, "--json", path],
+                [sys.executable, os.path.abspath(__file__), *(later if i else argv)]
+                + ["--json", path],
                 check=True,
                 capture_output=True,
                 text=True,
