@@ -61,12 +61,17 @@ def _repeat(n: int, argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(n):
             path = os.path.join(tmp, f"run{i}.json")
+            env = dict(os.environ)
+            env["OP_SWEEP_COMMAND"] = "python benchmarks/bench_op_sweep.py " + " ".join(
+                [*argv, "--repeat", str(n)]
+            )
             out = subprocess.run(
                 [sys.executable, os.path.abspath(__file__), *(later if i else argv)]
                 + ["--json", path],
                 check=True,
                 capture_output=True,
                 text=True,
+                env=env,
             ).stdout
             line = next(t for t in out.splitlines() if t.startswith("counts"))
             print(f"run {i + 1}: {line}", flush=True)
@@ -117,8 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     print(_counts_line(s.ran()))
     print(f"elapsed: {elapsed:.0f} s")
     if args.out:
-        command = "python benchmarks/bench_op_sweep.py " + " ".join(
-            a for a in (argv if argv is not None else sys.argv[1:])
+        shown = list(argv if argv is not None else sys.argv[1:])
+        if "--json" in shown:  # (a --repeat run's own file)
+            i = shown.index("--json")
+            del shown[i : i + 2]
+        command = os.environ.get(
+            "OP_SWEEP_COMMAND", "python benchmarks/bench_op_sweep.py " + " ".join(shown)
         )
         with open(args.out, "w") as f:
             f.write(f"# Operator sweep\n\nCommand: `{command.strip()}`\n\n{text}")
