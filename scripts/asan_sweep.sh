@@ -4,6 +4,7 @@
 # accesses of the observer's bookkeeping.
 #
 #   bash scripts/asan_sweep.sh [--build-only] [bench_op_sweep.py options, default --quick]
+#   ASAN_PARTIAL=1 bash scripts/asan_sweep.sh ...   (instrument the replay machinery only)
 #
 # The ASan build lives in build-asan/ (TORCH_REPLAY_ASAN=1, -O1 -g, see setup.py) and
 # never replaces torch_replay/_C*.so: the sweep runs from a copy of the package in
@@ -18,8 +19,44 @@ PY="${TORCH_REPLAY_VENV:-.venv}/bin/python"
 PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
 OUT="$PWD/build-asan"
 mkdir -p "$OUT"
-TORCH_REPLAY_ASAN=1 MAX_JOBS="${MAX_JOBS:-1}" "$PY" setup.py -q build_ext \
-  --build-temp "$OUT/temp" --build-lib "$OUT/lib"
+if [ "${ASAN_PARTIAL:-0}" = "1" ]; then
+  # Instrument only the replay machinery (the observer, the transaction, tensor bytes,
+  # the region store and journal, the preservation engines); every other object (the
+  # planner, the schedule, the other bindings) is the normal build's, which must exist:
+  # `python setup.py build_ext --inplace` first. Much faster to build on a busy machine.
+  NORMAL="$(ls -d build/temp.*/ | head -1)"
+  [ -f "$NORMAL/build.ninja" ] || { echo "no normal build in build/temp.*"; exit 2; }
+  cflags="$(sed -n 's/^cflags = //p' "$NORMAL/build.ninja")"
+  post="$(sed -n 's/^post_cflags = //p' "$NORMAL/build.ninja" | sed 's/-O3//g')"
+  asan_sources="csrc/aten/op_observer.cpp csrc/aten/transaction.cpp
+    csrc/aten/transaction_replay.cpp csrc/aten/tensor_bytes.cpp csrc/aten/byte_devices.cpp
+    csrc/aten/generator_state.cpp csrc/aten/segment_function.cpp csrc/aten/bind_replay.cpp
+    csrc/aten/counting_allocator.cpp csrc/core/byte_kernels.cpp csrc/core/byte_ranges.cpp
+    csrc/core/preservation_engine.cpp csrc/core/region_journal.cpp
+    csrc/core/region_store.cpp"
+  mkdir -p "$OUT/partial" "$OUT/lib/torch_replay"
+  export cflags post OUT
+  # shellcheck disable=SC2086
+  printf '%s\n' $asan_sources | xargs -P "${MAX_JOBS:-1}" -I{} sh -c \
+    'o="$OUT/partial/$(echo {} | tr / _).o"; [ "$o" -nt {} ] ||
+     c++ $cflags {} -o "$o" $post -O1 -g -fsanitize=address -fno-omit-frame-pointer'
+  objs=""
+  while IFS= read -r o; do
+    rel="${o#"$NORMAL"}"
+    if printf '%s\n' $asan_sources | grep -qx "${rel%.o}.cpp"; then
+      o="$OUT/partial/$(echo "${rel%.o}.cpp" | tr / _).o"
+    fi
+    objs="$objs $o"
+  done < <(find "$NORMAL/csrc" -name '*.o' | sort)
+  lib="$("$PY" -c 'import torch, os; print(os.path.join(os.path.dirname(torch.__file__), "lib"))')"
+  ext="$("$PY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')"
+  # shellcheck disable=SC2086
+  c++ -shared -fsanitize=address $objs -L"$lib" -lc10 -ltorch -ltorch_cpu -ltorch_python \
+    -o "$OUT/lib/torch_replay/_C$ext"
+else
+  TORCH_REPLAY_ASAN=1 MAX_JOBS="${MAX_JOBS:-1}" "$PY" setup.py -q build_ext \
+    --build-temp "$OUT/temp" --build-lib "$OUT/lib"
+fi
 if [ "${1:-}" = "--build-only" ]; then
   exit 0
 fi
