@@ -9,7 +9,9 @@
 # The ASan build lives in build-asan/ (TORCH_REPLAY_ASAN=1, -O1 -g, see setup.py) and
 # never replaces torch_replay/_C*.so: the sweep runs from a copy of the package in
 # build-asan/pkg. Only the extension is instrumented; libasan is preloaded into
-# python (torch itself is not instrumented, but its heap is ASan's), leaks are not
+# python (torch itself is not instrumented, but its heap is ASan's), with libstdc++ (else
+# ASan's __cxa_throw interceptor finds no real __cxa_throw: python does not link
+# libstdc++, and its CHECK fails at the first C++ exception), leaks are not
 # reported (python and torch keep memory on purpose). The ASan log goes to
 # build-asan/asan.<pid>; the script prints it and fails if there is one.
 set -euo pipefail
@@ -72,7 +74,7 @@ rm -f "$OUT"/asan.*
 [ $# -gt 0 ] || set -- --quick
 set +e
 (cd "$OUT/pkg" &&
-  LD_PRELOAD="$(gcc -print-file-name=libasan.so)" \
+  LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libstdc++.so)" \
     ASAN_OPTIONS="detect_leaks=0:log_path=$OUT/asan" \
     "$PY" benchmarks/bench_op_sweep.py "$@")
 rc=$?

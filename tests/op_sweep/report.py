@@ -116,6 +116,14 @@ def markdown(s: Sweep) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _modes(labels: set[str]) -> str:
+    """The modes of a list entry, shortly: ``c++ declared x2; python declared x2``."""
+    short = collections.Counter(
+        " ".join(w for w in label.split() if not w.startswith("reentrant=")) for label in labels
+    )
+    return "; ".join(f"{k} x{n}" for k, n in sorted(short.items()))
+
+
 def _lists(ran: list[CaseResult], skipped: list[tuple[str, str, str]]) -> list[str]:
     lines: list[str] = []
     for title, want, modes in (
@@ -135,7 +143,7 @@ def _lists(ran: list[CaseResult], skipped: list[tuple[str, str, str]]) -> list[s
         lines.append("")
         for op in sorted(by_op):
             for detail, labels in sorted(by_op[op].items()):
-                lines.append(f"- `{op}` ({len(labels)} modes): {detail}")
+                lines.append(f"- `{op}` ({_modes(labels)}): {detail}")
         lines.append("")
     mism: dict = collections.defaultdict(set)
     for res in ran:
