@@ -14,6 +14,10 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
+
+import torch_replay as tr
+from torch_replay._ext import require_extension
 
 from .op_sweep.cases import load_op_db, make_cases, op_id
 from .op_sweep.extra import EXTRA_OPS
@@ -81,6 +85,31 @@ def test_quick_subset(name):
         problems += [f"{case.label} {p}" for p in _failures(res)]
     assert ran, f"{name}: no case ran"
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("observer", ["c++", "python"])
+def test_touched_storages_names_what_the_forward_read(observer):
+    """Transaction.touched_storages: the pre-existing storages the forward read (a
+    buffer read through a dtype conversion, a view of a parameter), not one it did not."""
+    C = require_extension()
+    buf = torch.linspace(0.5, 1.5, 6)
+    weight = torch.randn(3, 2, dtype=torch.float64)
+    unused = torch.ones(6, dtype=torch.float64)
+    x = torch.randn(6, dtype=torch.float64, requires_grad=True)
+    old = tr.config.observer
+    tr.config.observer = observer
+    try:
+        y = tr.checkpoint(
+            lambda x: x * buf.double() + weight.t().reshape(-1), x, use_reentrant=False
+        )
+        touched = set(tr.last_transaction().touched_storages)
+        del y
+    finally:
+        tr.config.observer = old
+    assert C.storage_key(buf) in touched
+    assert C.storage_key(weight) in touched
+    assert C.storage_key(x) in touched
+    assert C.storage_key(unused) not in touched
 
 
 def test_cases_can_fail():
