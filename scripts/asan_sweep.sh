@@ -26,7 +26,7 @@ if [ "${ASAN_PARTIAL:-0}" = "1" ]; then
   # the region store and journal, the preservation engines); every other object (the
   # planner, the schedule, the other bindings) is the normal build's, which must exist:
   # `python setup.py build_ext --inplace` first. Much faster to build on a busy machine.
-  NORMAL="$(ls -d build/temp.*/ | head -1)"
+  NORMAL="$(ls -d build/temp.* | head -1)"
   [ -f "$NORMAL/build.ninja" ] || { echo "no normal build in build/temp.*"; exit 2; }
   cflags="$(sed -n 's/^cflags = //p' "$NORMAL/build.ninja")"
   post="$(sed -n 's/^post_cflags = //p' "$NORMAL/build.ninja" | sed 's/-O3//g')"
@@ -44,7 +44,7 @@ if [ "${ASAN_PARTIAL:-0}" = "1" ]; then
      c++ $cflags {} -o "$o" $post -O1 -g -fsanitize=address -fno-omit-frame-pointer'
   objs=""
   while IFS= read -r o; do
-    rel="${o#"$NORMAL"}"
+    rel="${o#"$NORMAL"/}"
     if printf '%s\n' $asan_sources | grep -qx "${rel%.o}.cpp"; then
       o="$OUT/partial/$(echo "${rel%.o}.cpp" | tr / _).o"
     fi
@@ -55,6 +55,12 @@ if [ "${ASAN_PARTIAL:-0}" = "1" ]; then
   # shellcheck disable=SC2086
   c++ -shared -fsanitize=address $objs -L"$lib" -lc10 -ltorch -ltorch_cpu -ltorch_python \
     -o "$OUT/lib/torch_replay/_C$ext"
+  # The instrumented objects must be in: their checks call __asan_report_*.
+  symbols="$(nm -D --undefined-only "$OUT/lib/torch_replay/_C$ext")"
+  case "$symbols" in
+    *__asan_report_load*) ;;
+    *) echo "the linked extension has no instrumented object"; exit 2 ;;
+  esac
 else
   TORCH_REPLAY_ASAN=1 MAX_JOBS="${MAX_JOBS:-1}" "$PY" setup.py -q build_ext \
     --build-temp "$OUT/temp" --build-lib "$OUT/lib"
