@@ -95,6 +95,13 @@ class Case:
     def label(self) -> str:
         return f"{self.op_id}[{str(self.dtype).removeprefix('torch.')}#{self.index}:{self.kind}]"
 
+    @property
+    def strided_state(self) -> bool:
+        """Whether ``state`` is a strided tensor (declaring a sparse one may be refused,
+        by name: torch_replay preserves storages' bytes)."""
+        state = _state_of(self.sample.input)
+        return state is None or state.layout == torch.strided
+
     def make(self) -> Sample:
         """Fresh copies of the sample's tensors and the segment function over them."""
         return fresh_sample(self)
