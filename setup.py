@@ -3,6 +3,8 @@
 Build knobs (environment variables, documented in README.md "Build knobs"):
   TORCH_REPLAY_DEBUG=1      compile with -O0 -g and assertions.
   TORCH_REPLAY_NO_CUDA=1    never build the CUDA kernels, even with a CUDA torch.
+  TORCH_REPLAY_ASAN=1       compile with AddressSanitizer (-O1 -g -fsanitize=address;
+                            run with LD_PRELOAD of libasan, see scripts/asan_sweep.sh).
   TORCH_REPLAY_SKIP_EXT=1   register the package without building the extension
                             (scripts/setup.sh then builds it in place, incrementally).
   BOOST_ROOT=DIR            a Boost outside the compiler's search path (DIR/include).
@@ -65,6 +67,12 @@ def _extension():
     cxx = [_cxx_standard(), opt, "-fvisibility=hidden", "-DNDEBUG"]
     if debug:
         cxx += ["-g", "-DTORCH_REPLAY_DEBUG"]
+    asan = os.environ.get("TORCH_REPLAY_ASAN", "0") == "1"
+    link = []
+    if asan:
+        cxx = [c for c in cxx if not c.startswith("-O")]
+        cxx += ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"]
+        link = ["-fsanitize=address"]
     sources = (
         _sources("csrc/core/*.cpp") + _sources("csrc/aten/*.cpp") + _sources("csrc/python/*.cpp")
     )
@@ -84,9 +92,14 @@ def _extension():
             include_dirs=include_dirs,
             define_macros=[("TORCH_REPLAY_WITH_CUDA", "1")],
             extra_compile_args={"cxx": cxx, "nvcc": [opt, f"-std=c++{BUILD['CXX_STANDARD']}"]},
+            extra_link_args=link,
         )
     return CppExtension(
-        "torch_replay._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx}
+        "torch_replay._C",
+        sources,
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx},
+        extra_link_args=link,
     )
 
 

@@ -219,7 +219,7 @@ class DispatchModeObserver(TorchDispatchMode):
         # Note [Storage-changing writes]: resize_ and set_ change argument 0; an
         # operator that is not in-place but writes arguments (out= variants, fused
         # observers) may resize them inside its kernel, which this mode cannot see.
-        if func in _RESHAPES:
+        if func in _RESHAPES or torch.Tag.inplace_view in func.tags:
             reshaped = [args[0]]
         elif info.may_resize:
             reshaped = [t for t, w in zip(tensors, writes, strict=True) if w]

@@ -109,7 +109,14 @@ TORCH_REPLAY_BINDINGS(replay) {
       .def_property_readonly("written_bytes", &Transaction::written_bytes)
       .def_property_readonly("declared_bytes", &Transaction::declared_bytes)
       .def_property_readonly(
-          "tracked_generators", &Transaction::tracked_generators);
+          "tracked_generators", &Transaction::tracked_generators)
+      .def_property_readonly("touched_storages", [](const Transaction& t) {
+        std::vector<uint64_t> keys;
+        for (const StorageKey k : t.touched_storages()) {
+          keys.push_back(static_cast<uint64_t>(k));
+        }
+        return keys;
+      });
 
   py::class_<ObserverGate, std::shared_ptr<ObserverGate>>(m, "ObserverGate")
       .def(py::init<>())

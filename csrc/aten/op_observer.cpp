@@ -55,8 +55,11 @@ OpInfo make_info(const at::RecordFunction& fn) {
   }
   info.skip = view;
   info.differentiable = name != "aten::detach";
-  info.reshapes = name == "aten::set_" || name == "aten::resize_" ||
-                  name == "aten::resize_as_" || name == "aten::_resize_output_";
+  // (An in-place view, t_ or unsqueeze_, changes argument 0's sizes and
+  // strides: its start metadata must be put back for the re-run too.)
+  info.reshapes = inplace_view || name == "aten::set_" ||
+                  name == "aten::resize_" || name == "aten::resize_as_" ||
+                  name == "aten::_resize_output_";
   std::string display = name;
   const size_t sep = display.find("::");
   if (sep != std::string::npos) {

@@ -1,7 +1,9 @@
 #pragma once
 
 // Note [Storage-changing writes]
-// resize_, resize_as_ and set_ change what a tensor is, not only its bytes:
+// resize_, resize_as_ and set_ (and the in-place views t_, transpose_,
+// unsqueeze_ ..., which change sizes and strides only) change what a tensor
+// is, not only its bytes:
 // its sizes, strides and offset, which storage it views, and that storage's
 // size (a resize_ that grows reallocates it; an empty buffer has no bytes at
 // all before it). The preservation engines keep byte ranges of one

@@ -48,6 +48,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <algorithm>
 #include <exception>
 
 #include <map>
@@ -220,6 +221,20 @@ class Transaction {
   }
   // Name of a declared storage ("" if not declared).
   std::string name_of(StorageKey key) const;
+  // Keys of the storages that existed before the forward and that it
+  // touched, sorted: the segment's inputs, the declared storages it read or
+  // wrote, and every other pre-existing storage an operator was given. What
+  // the two observers must agree on (tests/op_sweep).
+  std::vector<StorageKey> touched_storages() const {
+    std::vector<StorageKey> keys;
+    for (const auto& entry : external_) {
+      if (!declared_.count(entry.first) || footprint_.count(entry.first)) {
+        keys.push_back(entry.first);
+      }
+    }
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
 
  private:
   enum class Phase { kIdle, kForward, kForwardDone, kReplay, kReleased };
