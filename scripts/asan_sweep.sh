@@ -35,7 +35,7 @@ if [ "${ASAN_PARTIAL:-0}" = "1" ]; then
     csrc/aten/generator_state.cpp csrc/aten/segment_function.cpp csrc/aten/bind_replay.cpp
     csrc/aten/counting_allocator.cpp csrc/core/byte_kernels.cpp csrc/core/byte_ranges.cpp
     csrc/core/preservation_engine.cpp csrc/core/region_journal.cpp
-    csrc/core/region_store.cpp"
+    csrc/core/region_store.cpp csrc/aten/storage_reshape.cpp"
   mkdir -p "$OUT/partial" "$OUT/lib/torch_replay"
   export cflags post OUT
   # shellcheck disable=SC2086
