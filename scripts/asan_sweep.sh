@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs the operator sweep (tests/op_sweep, benchmarks/bench_op_sweep.py) with an
+# Runs the operator sweep (tests/op_sweep, python -m benchmarks.bench_op_sweep) with an
 # AddressSanitizer build of the extension, to find out-of-bounds and use-after-free
 # accesses of the observer's bookkeeping.
 #
@@ -82,7 +82,7 @@ set +e
 (cd "$OUT/pkg" &&
   LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libstdc++.so)" \
     ASAN_OPTIONS="detect_leaks=0:log_path=$OUT/asan" \
-    "$PY" benchmarks/bench_op_sweep.py "$@")
+    "$PY" -m benchmarks.bench_op_sweep "$@")
 rc=$?
 set -e
 if compgen -G "$OUT/asan.*" >/dev/null; then
