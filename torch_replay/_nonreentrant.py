@@ -284,7 +284,7 @@ def _checkpoint_nonreentrant(
     frame = _Frame(txn, run, _early_stop(early_stop), metadata_fn, child, gate)
 
     def unpack(holder):
-        with _named_errors(function, args):
+        with _named_errors(function, args, kwargs):
             if unpack_error_cb is None:
                 return frame.unpack(holder)
             try:

@@ -268,7 +268,7 @@ def checkpoint(
             )
         engine = "snapshot"
     txn = _new_transaction(state, function, engine, preserve, watch_reads)
-    with _named_errors(function, args):
+    with _named_errors(function, args, kwargs):
         if use_reentrant:
             return _checkpoint_reentrant(function, args, txn, preserve)
 
