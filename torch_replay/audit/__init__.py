@@ -14,10 +14,12 @@ parameters mutated in forward, tensors read that are not inputs (and whether som
 writes them later: at the bytes read, or elsewhere in their storage), generators drawn from (default and explicit), storages aliased under
 different views or dtypes, overlapping writes, integer writes on gradient paths. The
 verdict says whether ``torch.utils.checkpoint`` would be exact and, if not, what goes wrong
-(a double update of state, or a wrong gradient), the ``torch_replay.checkpoint`` call to
-write (with its ``state=[...]``), which engine ``engine="auto"`` chooses and how many
-bytes it keeps (measured by running ``torch_replay.checkpoint`` on the segment; the model's
-state is put back afterwards). Operators are seen by a C++ recorder on the checkpoint
+(a double update of state, or a wrong gradient, measured by running the segment alone under
+eager and under ``torch.utils.checkpoint``: Note [Audit probe] in ``probe.py``), the
+``torch_replay.checkpoint`` call to write (with its ``state=[...]``, spelled
+``replay_state=`` where the segment takes ``**kwargs``), which engine ``engine="auto"``
+chooses and how many bytes it keeps. The model is left exactly as it was (bytes, ``.grad``,
+version counters, generators). Operators are seen by a C++ recorder on the checkpoint
 observer's facts and judged with its exact byte footprints (Note [Audit recorder] in
 ``csrc/aten/audit_recorder.h``), so the audit and ``torch_replay.checkpoint`` agree on what
 overlaps and what is written. Exit status: 0 when every segment is exact under
