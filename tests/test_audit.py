@@ -15,7 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as tcp
 
+import torch_replay as tr
 from torch_replay.audit import audit, main
+
+from .reference import assert_bitwise
 
 # ----------------------------------------------------------------- planted hazards
 
@@ -219,9 +222,22 @@ def test_function_and_json_output():
         table.add_(1.0)
         return torch.tanh(x * w * table)
 
-    r = audit(fn, torch.randn(5, requires_grad=True))
+    x = torch.randn(5, requires_grad=True)
+    r = audit(fn, x)
     s = r["fn"]
-    assert "float32[5] tensor (captured)" in s.mutated_in_forward
+    assert "table (captured)" in s.mutated_in_forward  # named by the function's variable
+    assert torch.equal(table, torch.ones(5)) and w.grad is None  # left as it was
+    # The printed line runs as printed: eager's gradient and one update of the table.
+    line = s.code()
+    assert line == "tr.checkpoint(fn, x, use_reentrant=False, state=[table])"
+    x1 = x.detach().clone().requires_grad_()
+    eval(line, {"tr": tr, "fn": fn, "table": table, "x": x1}).sum().backward()
+    got = [x1.grad.clone(), w.grad.clone(), table.clone()]
+    table.fill_(1.0)
+    w.grad = None
+    x2 = x.detach().clone().requires_grad_()
+    fn(x2).sum().backward()
+    assert_bitwise(got, [x2.grad, w.grad, table])
     d = json.loads(r.to_json())
     assert d["segments"][0]["name"] == "fn"
     assert "torch.utils.checkpoint NOT exact" in str(r)

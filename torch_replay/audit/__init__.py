@@ -89,7 +89,8 @@ def audit(
 
 def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> AuditReport:
     root = module_or_fn if isinstance(module_or_fn, nn.Module) else None
-    a = _Auditor(root, example_inputs)
+    held = _held(module_or_fn) if root is None else []
+    a = _Auditor(root, example_inputs, held)
     handles = []
     fns: dict[str, Callable] = {}
     if root is not None:
@@ -130,11 +131,8 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
                 a.leave(out)
 
         target = label
-    held = (
-        [t for _, t in _held(module_or_fn) if isinstance(t, torch.Tensor)] if root is None else []
-    )
     inputs = [t for t in tree_leaves(list(example_inputs)) if isinstance(t, torch.Tensor)]
-    snap = _Snapshot(model_tensors(root, held + inputs), _generators(root))
+    snap = _Snapshot(model_tensors(root, held, inputs), _generators(root))
     error = None
     try:
         with a.recording():

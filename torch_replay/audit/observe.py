@@ -58,7 +58,9 @@ class _SegState:
 class _Auditor:
     """Names what the model owns, marks segments, and analyses the recorder's tables."""
 
-    def __init__(self, root: nn.Module | None, inputs: Sequence[Any]) -> None:
+    def __init__(
+        self, root: nn.Module | None, inputs: Sequence[Any], held: Sequence[tuple] = ()
+    ) -> None:
         self.rec = require_extension().AuditRecorder()
         self.stack: list[tuple[_SegState, int]] = []  # (segment, interval index)
         self.segments: dict[str, _SegState] = {}
@@ -88,6 +90,18 @@ class _Auditor:
         for i, x in enumerate(tree_leaves(list(inputs))):
             if isinstance(x, torch.Tensor):
                 self._name(x, f"input[{i}]")
+        # What an audited function holds, under its variable names (Note [Naming in
+        # errors] in torch_replay/_naming.py): ``table (captured)``, ``net.lin.weight
+        # (captured)``, expressions in the caller's scope.
+        for label, obj in held:
+            if label is None:
+                continue
+            if isinstance(obj, torch.Tensor):
+                self._name(obj, f"{label} (captured)")
+            else:
+                for n, t in [*obj.named_parameters(), *obj.named_buffers()]:
+                    if t is not None:
+                        self._name(t, f"{label}.{n} (captured)")
 
     def _name(self, t: torch.Tensor, name: str) -> None:
         k = self.rec.storage_id(t)

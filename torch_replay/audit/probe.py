@@ -195,11 +195,14 @@ def probe(
                 )
 
 
-def model_tensors(root: nn.Module | None, held: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors the snapshot keeps: the model's parameters and buffers, and the
-    tensors the audited function holds."""
-    out = list(held)
+def model_tensors(
+    root: nn.Module | None, held: list[tuple], inputs: list[torch.Tensor]
+) -> list[torch.Tensor]:
+    """The tensors the snapshot keeps: the model's parameters and buffers, the inputs, and
+    the tensors (and modules' tensors) an audited function holds."""
+    out = list(inputs)
+    for _, obj in held:
+        out += [obj] if isinstance(obj, torch.Tensor) else [*obj.parameters(), *obj.buffers()]
     if root is not None:
-        out += list(root.parameters())
-        out += [b for b in root.buffers() if b is not None]
-    return [t for t in out if t.layout == torch.strided]
+        out += [*root.parameters(), *root.buffers()]
+    return [t for t in out if t is not None and t.layout == torch.strided]

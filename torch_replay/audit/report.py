@@ -227,7 +227,17 @@ def _cut(items: Sequence[str], limit: int) -> str:
 
 
 def _python_name(name: str, root_var: str = "model") -> str | None:
-    """``head.bn.running_mean (buffer)`` -> ``model.head.bn.running_mean``; None if not a path."""
+    """``head.bn.running_mean (buffer)`` -> ``model.head.bn.running_mean``, ``net.0.w
+    (captured)`` -> ``net[0].w``; None if not a path."""
+    if name.endswith(" (captured)"):
+        path = name[: -len(" (captured)")]
+        head, _, rest = path.partition(".")
+        expr = head + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest.split(".") if p)
+        try:
+            compile(expr, "<audit>", "eval")
+        except SyntaxError:
+            return None
+        return expr
     for suffix in (" (buffer)", " (parameter)", " (generator)"):
         if name.endswith(suffix):
             path = name[: -len(suffix)]
