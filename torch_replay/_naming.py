@@ -224,11 +224,13 @@ def _enrich(exc: ReplayError, function, args, kwargs=None) -> ReplayError:
     takes them; ``exc`` itself if nothing changes."""
     message = str(exc)
     key = getattr(exc, "storage_key", 0)
-    if key:
-        name = _name_for_key(key, function, args, kwargs)
+    try:
+        name = _name_for_key(key, function, args, kwargs) if key else None
         if name is not None and name not in message:
             message = f"{message} [tensor: {name}]"
-    message = _respell(message, function)
+        message = _respell(message, function)
+    except Exception:  # noqa: BLE001  (naming must never replace the error it names)
+        return exc
     if message == str(exc):
         return exc
     new = type(exc)(message)

@@ -46,7 +46,9 @@ class _Snapshot:
         self.grads = [
             (t.grad, None if t.grad is None else t.grad.detach().clone()) for t in self.tensors
         ]
-        self.versions = [t._version for t in self.tensors]
+        # Inference tensors have no version counter to put back.
+        self.versioned = [t for t in self.tensors if not t.is_inference()]
+        self.versions = [t._version for t in self.versioned]
         self.generators = [(g, g.get_state()) for g in generators]
         self.rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
@@ -66,7 +68,7 @@ class _Snapshot:
                     g.copy_(gv)
         # The writes above may count as versions; the values are the old ones, and so are
         # the versions then (an autograd graph of the user's that saved them stays valid).
-        torch._C._autograd._unsafe_set_version_counter(self.tensors, self.versions)
+        torch._C._autograd._unsafe_set_version_counter(self.versioned, self.versions)
         for g, s in self.generators:
             g.set_state(s)
         torch.set_rng_state(self.rng)
