@@ -100,9 +100,13 @@ def test_spectral_norm_is_a_measured_wrong_gradient(api):
     model = _spectral(api)
     x = torch.randn(4, 8, requires_grad=True)
     before = _state(model)
+    attribute = vars(model[0]).get("weight")  # the hook API's computed weight
     a, b = copy.deepcopy(model), copy.deepcopy(model)
+    held = tr.engine_bytes()
     r = audit(model, x)
     _assert_untouched(model, before)
+    # No forward of the audit's stays on the module, nor its transaction in the engines.
+    assert vars(model[0]).get("weight") is attribute and tr.engine_bytes() == held
     s = r["0"]
     assert any(m.startswith("double update") for m in s.reasons)
     assert any(m.startswith("wrong gradient") for m in s.reasons), s.reasons

@@ -132,7 +132,8 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
 
         target = label
     inputs = [t for t in tree_leaves(list(example_inputs)) if isinstance(t, torch.Tensor)]
-    snap = _Snapshot(model_tensors(root, held, inputs), _generators(root))
+    tensors, modules = model_tensors(root, held, inputs)
+    snap = _Snapshot(tensors, _generators(root), modules)
     error = None
     try:
         with a.recording():

@@ -35,10 +35,21 @@ _NOISE = 4.0  # a gradient differs if max |g - eager| > _NOISE x eager's own run
 
 class _Snapshot:
     """The bytes, ``.grad`` (its tensor and values) and version counter of every given
-    tensor, and the state of every given generator and of the default ones; ``restore``
-    puts them back exactly."""
+    tensor, the plain tensor attributes of every given module (spectral norm's computed
+    ``weight``: a forward leaves its own there, holding that forward's graph), and the
+    state of every given generator and of the default ones; ``restore`` puts them back
+    exactly."""
 
-    def __init__(self, tensors: list[torch.Tensor], generators: list[torch.Generator]) -> None:
+    def __init__(
+        self,
+        tensors: list[torch.Tensor],
+        generators: list[torch.Generator],
+        modules: list[nn.Module] = (),
+    ) -> None:
+        self.attributes = [
+            (m, n, v) for m in modules for n, v in vars(m).items() if isinstance(v, torch.Tensor)
+        ]
+        tensors = [*tensors, *(v for *_, v in self.attributes if v.layout == torch.strided)]
         seen: set[int] = set()
         self.tensors = [t for t in tensors if not (id(t) in seen or seen.add(id(t)))]
         self.layouts = [_layout(t) for t in self.tensors]
@@ -54,6 +65,9 @@ class _Snapshot:
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
 
     def restore(self) -> None:
+        for m, n, v in self.attributes:
+            if vars(m).get(n) is not v:
+                vars(m)[n] = v
         with torch.no_grad():
             for t, layout, storage, (g, gv) in zip(
                 self.tensors, self.layouts, self.storages, self.grads, strict=True
@@ -199,12 +213,17 @@ def probe(
 
 def model_tensors(
     root: nn.Module | None, held: list[tuple], inputs: list[torch.Tensor]
-) -> list[torch.Tensor]:
-    """The tensors the snapshot keeps: the model's parameters and buffers, the inputs, and
-    the tensors (and modules' tensors) an audited function holds."""
+) -> tuple[list[torch.Tensor], list[nn.Module]]:
+    """What the snapshot keeps: the model's parameters and buffers, the inputs, and the
+    tensors an audited function holds (and its modules'); the modules whose plain
+    tensor attributes it keeps."""
     out = list(inputs)
+    modules = [] if root is None else list(root.modules())
     for _, obj in held:
-        out += [obj] if isinstance(obj, torch.Tensor) else [*obj.parameters(), *obj.buffers()]
-    if root is not None:
-        out += [*root.parameters(), *root.buffers()]
-    return [t for t in out if t is not None and t.layout == torch.strided]
+        if isinstance(obj, torch.Tensor):
+            out.append(obj)
+        else:
+            modules += list(obj.modules())
+    for m in modules:
+        out += [*m.parameters(recurse=False), *m.buffers(recurse=False)]
+    return [t for t in out if t is not None and t.layout == torch.strided], modules
