@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
 import re
 
 import torch
@@ -204,17 +205,33 @@ def _name_for_key(key: int, function, args, kwargs=None) -> str | None:
 
 # -------------------------------------------------------------------- spelling
 
+
+def _accepts_keyword(function, name: str) -> bool | None:
+    """True if ``function`` has a parameter ``name`` that can be passed by
+    keyword, False if it certainly does not, None if it cannot tell."""
+    target = function.forward if isinstance(function, torch.nn.Module) else function
+    try:
+        sig = inspect.signature(target)
+    except (TypeError, ValueError):
+        return None
+    var_keyword = False
+    for p in sig.parameters.values():
+        if p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            return True
+        var_keyword |= p.kind == p.VAR_KEYWORD
+    return None if var_keyword else False
+
+
 _OPTION_WORD = re.compile(r"(?<![\w.'\"])(state|engine)=")
 
 
 def _respell(message: str, function) -> str:
     """``message`` with ``state=`` / ``engine=`` spelled as the checkpointed function
     lets them through (Note [Option spelling] in checkpoint.py)."""
-    from .checkpoint import _takes_keyword  # the error path only (checkpoint imports us)
 
     def spelled(m: re.Match) -> str:
         word = m.group(1)
-        return f"replay_{word}=" if _takes_keyword(function, word) is not False else m.group(0)
+        return f"replay_{word}=" if _accepts_keyword(function, word) is not False else m.group(0)
 
     return _OPTION_WORD.sub(spelled, message)
 

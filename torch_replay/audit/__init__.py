@@ -39,8 +39,7 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
-from .._naming import _held
-from ..checkpoint import _takes_keyword
+from .._naming import _accepts_keyword, _held
 from .observe import _Auditor, _default_loss, _resolve_state, _verdict
 from .probe import _Snapshot, model_tensors, probe
 from .report import _OUTSIDE, _ROOT, AuditReport, SegmentAudit
@@ -158,7 +157,7 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
             verdict = _verdict(a, seg)
             fn = fns[name]
             verdict.inputs, verdict.keywords = len(seg.first_args), sorted(seg.first_kwargs)
-            if _takes_keyword(fn, "state") is not False:
+            if _accepts_keyword(fn, "state") is not False:
                 verdict.state_keyword = "replay_state"
             if error is not None:
                 verdict.needs_grad = True  # the forward did not finish: unknown, assume so
