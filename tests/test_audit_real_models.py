@@ -208,3 +208,30 @@ def test_hugging_face_llama_layers():
     g = grads(xa)
     ref.sum().backward()
     assert_bitwise([y.detach(), *g], [ref.detach(), *grads(xb)])
+
+
+def test_function_holding_a_generator_is_put_back_and_its_line_runs():
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(6, requires_grad=True)
+
+    def fn(x):
+        return torch.tanh(x * w) * torch.rand(6, generator=g)
+
+    x = torch.randn(6, requires_grad=True)
+    start = g.get_state()
+    r = audit(fn, x)
+    assert torch.equal(g.get_state(), start) and w.grad is None and x.grad is None
+    s = r["fn"]
+    assert s.generators == ["g (captured)"] and s.state == ["g (captured)"]
+    assert any(m.startswith("wrong gradient") and "measured" in m for m in s.reasons)
+    line = s.code()
+    assert line == "tr.checkpoint(fn, x, use_reentrant=False, state=[g])"
+    # As printed, against eager from the same generator state.
+    x1 = x.detach().clone().requires_grad_()
+    eval(line, {"tr": tr, "fn": fn, "g": g, "x": x1}).sum().backward()
+    got = [x1.grad, w.grad.clone(), g.get_state()]
+    g.set_state(start)
+    w.grad = None
+    x2 = x.detach().clone().requires_grad_()
+    fn(x2).sum().backward()
+    assert_bitwise(got, [x2.grad, w.grad, g.get_state()])

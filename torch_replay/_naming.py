@@ -30,6 +30,7 @@ import functools
 import gc
 import inspect
 import re
+from typing import Any
 
 import torch
 
@@ -51,61 +52,65 @@ def _module_of(function) -> torch.nn.Module | None:
     return owner if isinstance(owner, torch.nn.Module) else None
 
 
-def _held(function) -> list[tuple[str | None, torch.nn.Module | torch.Tensor]]:
-    """``(variable name or None, module or tensor)`` for every module and tensor that
-    ``function`` holds, the most direct first (Note [Naming in errors])."""
-    out: list[tuple[str | None, torch.nn.Module | torch.Tensor]] = []
-    _walk(function, None, 0, out, set())
+_KINDS = (torch.nn.Module, torch.Tensor)
+
+
+def _held(function, kinds: tuple = _KINDS) -> list[tuple[str | None, Any]]:
+    """``(variable name or None, object)`` for every object of ``kinds`` (modules and
+    tensors by default) that ``function`` holds, the most direct first (Note [Naming in
+    errors])."""
+    out: list[tuple[str | None, Any]] = []
+    _walk(function, None, 0, out, set(), kinds)
     return out
 
 
-def _walk(obj, label, depth, out, seen) -> None:
+def _walk(obj, label, depth, out, seen, kinds) -> None:
     if depth > _DEPTH or id(obj) in seen:
         return
     seen.add(id(obj))
-    if isinstance(obj, (torch.nn.Module, torch.Tensor)):
+    if isinstance(obj, kinds):
         out.append((label, obj))
         return
     if isinstance(obj, functools.partial):
-        _walk(obj.func, None, depth + 1, out, seen)
+        _walk(obj.func, None, depth + 1, out, seen, kinds)
         for a in obj.args:
-            _walk(a, None, depth + 1, out, seen)
+            _walk(a, None, depth + 1, out, seen, kinds)
         for k, v in obj.keywords.items():
-            _walk(v, k, depth + 1, out, seen)
+            _walk(v, k, depth + 1, out, seen, kinds)
         return
     if isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj[:_WIDTH]):
-            _walk(v, f"{label}[{i}]" if label else None, depth + 1, out, seen)
+            _walk(v, f"{label}[{i}]" if label else None, depth + 1, out, seen, kinds)
         return
     if isinstance(obj, dict):
         for k, v in list(obj.items())[:_WIDTH]:
-            _walk(v, f"{label}[{k!r}]" if label else None, depth + 1, out, seen)
+            _walk(v, f"{label}[{k!r}]" if label else None, depth + 1, out, seen, kinds)
         return
     owner = getattr(obj, "__self__", None)
     if owner is not None and callable(obj):
-        _walk(owner, None, depth + 1, out, seen)
+        _walk(owner, None, depth + 1, out, seen, kinds)
         obj = getattr(obj, "__func__", obj)
     wrapped = getattr(obj, "__wrapped__", None)
     if wrapped is not None:
-        _walk(wrapped, None, depth + 1, out, seen)
+        _walk(wrapped, None, depth + 1, out, seen, kinds)
     code = getattr(obj, "__code__", None)
     if code is None:
         return
     for name, cell in zip(code.co_freevars, getattr(obj, "__closure__", None) or (), strict=False):
         try:
-            _walk(cell.cell_contents, name, depth + 1, out, seen)
+            _walk(cell.cell_contents, name, depth + 1, out, seen, kinds)
         except ValueError:  # an empty cell
             pass
     defaults = getattr(obj, "__defaults__", None) or ()
     positional = code.co_varnames[: code.co_argcount]
     for name, v in zip(positional[len(positional) - len(defaults) :], defaults, strict=True):
-        _walk(v, name, depth + 1, out, seen)
+        _walk(v, name, depth + 1, out, seen, kinds)
     for name, v in (getattr(obj, "__kwdefaults__", None) or {}).items():
-        _walk(v, name, depth + 1, out, seen)
+        _walk(v, name, depth + 1, out, seen, kinds)
     module_globals = getattr(obj, "__globals__", None) or {}
     for name in code.co_names:
         v = module_globals.get(name)
-        if isinstance(v, (torch.nn.Module, torch.Tensor)) and id(v) not in seen:
+        if isinstance(v, kinds) and id(v) not in seen:
             seen.add(id(v))
             out.append((name, v))
 

@@ -88,7 +88,7 @@ def audit(
 
 def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> AuditReport:
     root = module_or_fn if isinstance(module_or_fn, nn.Module) else None
-    held = _held(module_or_fn) if root is None else []
+    held = _held(module_or_fn, (nn.Module, torch.Tensor, torch.Generator)) if root is None else []
     a = _Auditor(root, example_inputs, held)
     handles = []
     fns: dict[str, Callable] = {}
@@ -132,7 +132,8 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
         target = label
     inputs = [t for t in tree_leaves(list(example_inputs)) if isinstance(t, torch.Tensor)]
     tensors, modules = model_tensors(root, held, inputs)
-    snap = _Snapshot(tensors, _generators(root), modules)
+    gens = _generators(root) + [g for _, g in held if isinstance(g, torch.Generator)]
+    snap = _Snapshot(tensors, gens, modules)
     error = None
     try:
         with a.recording():

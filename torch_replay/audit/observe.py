@@ -93,11 +93,15 @@ class _Auditor:
         # What an audited function holds, under its variable names (Note [Naming in
         # errors] in torch_replay/_naming.py): ``table (captured)``, ``net.lin.weight
         # (captured)``, expressions in the caller's scope.
+        self.held_generators: dict[str, torch.Generator] = {}
         for label, obj in held:
             if label is None:
                 continue
             if isinstance(obj, torch.Tensor):
                 self._name(obj, f"{label} (captured)")
+            elif isinstance(obj, torch.Generator):
+                self.gen_names.setdefault(obj._cdata, f"{label} (captured)")
+                self.held_generators[f"{label} (captured)"] = obj
             else:
                 for n, t in [*obj.named_parameters(), *obj.named_buffers()]:
                     if t is not None:
@@ -333,6 +337,9 @@ def _resolve_state(names: list[str], root: nn.Module | None, a: _Auditor) -> lis
             path, attr = n[: -len(" (generator)")].rpartition(".")[::2]
             m = root.get_submodule(path) if path else root
             state.append(getattr(m, attr))
+            continue
+        if n in a.held_generators:
+            state.append(a.held_generators[n])
             continue
         for k, name in a.names.items():
             if name == n:

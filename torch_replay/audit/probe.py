@@ -222,7 +222,7 @@ def model_tensors(
     for _, obj in held:
         if isinstance(obj, torch.Tensor):
             out.append(obj)
-        else:
+        elif isinstance(obj, nn.Module):
             modules += list(obj.modules())
     for m in modules:
         out += [*m.parameters(recurse=False), *m.buffers(recurse=False)]
