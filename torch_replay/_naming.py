@@ -26,6 +26,7 @@ path only (nothing here runs for a segment that succeeds):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -60,7 +61,10 @@ def _held(function, kinds: tuple = _KINDS) -> list[tuple[str | None, Any]]:
     tensors by default) that ``function`` holds, the most direct first (Note [Naming in
     errors])."""
     out: list[tuple[str | None, Any]] = []
-    _walk(function, None, 0, out, set(), kinds)
+    # What was found so far, if an object's attributes cannot be read (a proxy that
+    # raises): naming helps, it must never fail the call.
+    with contextlib.suppress(Exception):
+        _walk(function, None, 0, out, set(), kinds)
     return out
 
 
