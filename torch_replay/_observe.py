@@ -122,6 +122,13 @@ _NO_BYTE_WRITES = {
     _aten.resize_as_.default,
     _aten.detach_.default,
 }
+# Operators that may change what argument 0 is: its sizes, its storage, the
+# storage's size (Note [Storage-changing writes] in csrc/aten/storage_reshape.h).
+_RESHAPES = frozenset(
+    op
+    for packet in (_aten.set_, _aten.resize_, _aten.resize_as_, _aten._resize_output_)
+    for op in (getattr(packet, name) for name in packet.overloads())
+)
 _NOT_DIFFERENTIABLE = {_aten.detach.default}
 # Operators whose schema does not declare a write they make: the running
 # statistics of batch norm in training mode (argument 5), arguments 3 and 4.
@@ -136,22 +143,28 @@ _UNDECLARED_WRITES = {
 class _OpInfo:
     names: tuple[str, ...]
     writes: tuple[bool, ...]
+    returned: tuple[bool, ...]  # the operator returns the argument (Note [Integer writes])
     random: bool
     differentiable: bool
+    may_resize: bool  # writes arguments and is not an in-place variant
 
 
 @functools.cache
 def _op_info(func) -> _OpInfo:
     schema = func._schema
     metadata_only = func in _NO_BYTE_WRITES or torch.Tag.inplace_view in func.tags
-    names, writes = [], []
+    names, writes, returned = [], [], []
+    result_sets = [r.alias_info.before_set for r in schema.returns if r.alias_info is not None]
     for arg in schema.arguments:
         names.append(arg.name)
         info = arg.alias_info
         writes.append(bool(info is not None and info.is_write and not metadata_only))
+        returned.append(info is not None and any(info.before_set & s for s in result_sets))
     return _OpInfo(
         names=tuple(names),
         writes=tuple(writes),
+        returned=tuple(returned),
+        may_resize=any(writes) and not schema.name.endswith("_"),
         random=torch.Tag.nondeterministic_seeded in func.tags,
         differentiable=func not in _NOT_DIFFERENTIABLE,
     )
@@ -181,6 +194,7 @@ class DispatchModeObserver(TorchDispatchMode):
         info = _op_info(func)
         tensors: list[torch.Tensor] = []
         writes: list[bool] = []
+        returned: list[bool] = []
         generator = None
         nargs = len(args)
         extra = _UNDECLARED_WRITES.get(func)
@@ -192,20 +206,35 @@ class DispatchModeObserver(TorchDispatchMode):
             if isinstance(value, torch.Tensor):
                 tensors.append(value)
                 writes.append(info.writes[i] or i in extra_writes)
+                returned.append(info.returned[i])
             elif isinstance(value, (list, tuple)):
                 for v in value:
                     if isinstance(v, torch.Tensor):
                         tensors.append(v)
                         writes.append(info.writes[i])
+                        returned.append(info.returned[i])
             elif isinstance(value, torch.Generator):
                 generator = value
-        self.txn.before_op(tensors, writes, info.random, generator)
+        self.txn.before_op(tensors, writes, info.random, generator, False, returned)
+        # Note [Storage-changing writes]: resize_ and set_ change argument 0; an
+        # operator that is not in-place but writes arguments (out= variants, fused
+        # observers) may resize them inside its kernel, which this mode cannot see.
+        if func in _RESHAPES:
+            reshaped = [args[0]]
+        elif info.may_resize:
+            reshaped = [t for t, w in zip(tensors, writes, strict=True) if w]
+        else:
+            reshaped = []
+        for t in reshaped:
+            self.txn.before_reshape(t)
         try:
             out = func(*args, **kwargs)
         except RuntimeError as exc:
             if _OVERLAP_TEXT in str(exc):
                 raise _overlap_error(exc) from exc
             raise
+        if reshaped:
+            self.txn.after_reshape()
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         self.txn.after_op(outputs, info.differentiable)
         return out

@@ -124,8 +124,11 @@ TORCH_REPLAY_BINDINGS(replay) {
           py::arg("writes"),
           py::arg("random"),
           py::arg("generator"),
-          py::arg("nested") = false)
+          py::arg("nested") = false,
+          py::arg("returned") = std::vector<bool>{})
       .def("after_op", &Transaction::after_op)
+      .def("before_reshape", &Transaction::before_reshape)
+      .def("after_reshape", &Transaction::after_reshape)
       .def("record_saved", &Transaction::record_saved)
       .def("end_forward", &Transaction::end_forward)
       .def_property_readonly("has_pending", &Transaction::has_pending)

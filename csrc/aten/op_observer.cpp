@@ -41,9 +41,22 @@ OpInfo make_info(const at::RecordFunction& fn) {
     const bool write = alias != nullptr && alias->isWrite();
     view |= alias != nullptr && !alias->isWrite();
     info.writes.push_back(write && !metadata_only);
+    bool returned = false;
+    for (const auto& ret : schema->returns()) {
+      const c10::AliasInfo* r = ret.alias_info();
+      if (alias == nullptr || r == nullptr) {
+        continue;
+      }
+      for (const auto& set : alias->beforeSets()) {
+        returned |= r->beforeSets().count(set) > 0;
+      }
+    }
+    info.returned.push_back(returned);
   }
   info.skip = view;
   info.differentiable = name != "aten::detach";
+  info.reshapes = name == "aten::set_" || name == "aten::resize_" ||
+                  name == "aten::resize_as_" || name == "aten::_resize_output_";
   std::string display = name;
   const size_t sep = display.find("::");
   if (sep != std::string::npos) {
@@ -84,6 +97,7 @@ struct ThreadState {
   // Buffers reused by every callback (callbacks never nest: in_callback).
   std::vector<at::Tensor> tensors;
   std::vector<bool> writes;
+  std::vector<bool> returned;
   // One entry per operator whose start this thread's observer (resp. the
   // write watch) saw and whose end it has not seen yet: its facts if it was
   // counted in `depth` (resp. `watch_depth`), nullptr if not. RecordFunction
@@ -143,10 +157,36 @@ struct CallbackGuard {
   ~CallbackGuard() {
     s_.tensors.clear();  // hold no tensor beyond the callback
     s_.writes.clear();
+    s_.returned.clear();
     s_.in_callback = false;
   }
   ThreadState& s_;
 };
+
+// Shows a storage-changing operator's argument 0 to the transactions, before
+// or after it runs (Note [Storage-changing writes]), at any depth: the
+// resize_ an out= kernel makes of its output counts too. (The end callback
+// must not read fn.inputs(): the dispatcher frees the boxed arguments once
+// the start callbacks ran. The transaction keeps the tensor instead.)
+void show_reshape(ThreadState& s, const at::RecordFunction& fn, bool after) {
+  const at::Tensor* t = nullptr;
+  if (!after) {
+    c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
+    if (inputs.empty() || !inputs[0].isTensor()) {
+      return;
+    }
+    t = &inputs[0].toTensor();
+  }
+  for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
+    if (!it->gate->paused) {
+      if (after) {
+        it->txn->observe_reshape_after();
+      } else {
+        it->txn->observe_reshape_before(*t);
+      }
+    }
+  }
+}
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadState& s = state();
@@ -160,20 +200,29 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   const OpInfo& info = info_of(s, fn);
-  if (!info.op) {
+  // A view-annotated operator is not counted (Note [Alias-annotated
+  // composites]): what its implementation calls is observed as if the
+  // segment called it.
+  if (!info.op || info.skip) {
     return nullptr;
   }
   s.frames.back() = &info;
   CallbackGuard guard(s);
   const int depth = s.depth++;
-  if (info.skip) {
-    return nullptr;
-  }
   std::vector<at::Tensor>& tensors = s.tensors;
   std::vector<bool>& writes = s.writes;
   std::optional<at::Generator> generator;
   collect_arguments(
-      info, fn.inputs(), /*writes_only=*/false, &tensors, &writes, &generator);
+      info,
+      fn.inputs(),
+      /*writes_only=*/false,
+      &tensors,
+      &writes,
+      &generator,
+      &s.returned);
+  if (info.reshapes) {
+    show_reshape(s, fn, /*after=*/false);
+  }
   if (depth == 0) {
     top_level_keys(tensors, writes, &s.top_keys, &s.top_written);
   } else {
@@ -194,11 +243,17 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       return nullptr;
     }
     generator.reset();
+    s.returned.clear();  // (unknown for the kept writes: all count)
   }
   for (auto it = s.stack.rbegin(); it != s.stack.rend(); ++it) {
     if (!it->gate->paused) {
       it->txn->observe_before(
-          tensors, writes, depth == 0 && info.random, generator, depth > 0);
+          tensors,
+          writes,
+          depth == 0 && info.random,
+          generator,
+          depth > 0,
+          s.returned);
     }
   }
   return nullptr;
@@ -211,14 +266,18 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
     return;  // not counted at its start
   }
   const int depth = --s.depth;
-  if (s.in_callback || s.stack.empty() || depth > 0) {
+  if (s.in_callback || s.stack.empty()) {
+    return;
+  }
+  const OpInfo& info = *counted;
+  if (info.reshapes) {
+    CallbackGuard guard(s);
+    show_reshape(s, fn, /*after=*/true);
+  }
+  if (depth > 0) {
     return;  // outputs of nested operators are the enclosing operator's
   }
   CallbackGuard guard(s);
-  const OpInfo& info = *counted;
-  if (info.skip) {
-    return;
-  }
   std::vector<at::Tensor>& outputs = s.tensors;
   std::vector<bool>& unused = s.writes;
   outputs.clear();
@@ -243,12 +302,12 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
     return nullptr;
   }
   const OpInfo& info = info_of(s, fn);
-  if (!info.op) {
-    return nullptr;
+  if (!info.op || info.skip) {
+    return nullptr;  // (not counted, as in on_start)
   }
   s.watch_frames.back() = &info;
   const int depth = s.watch_depth++;
-  if (depth > 0 || info.skip) {
+  if (depth > 0) {
     return nullptr;
   }
   CallbackGuard guard(s);
@@ -323,7 +382,8 @@ void collect_arguments(
     bool writes_only,
     std::vector<at::Tensor>* tensors,
     std::vector<bool>* writes,
-    std::optional<at::Generator>* generator) {
+    std::optional<at::Generator>* generator,
+    std::vector<bool>* returned) {
   bool training = false;
   if (info.training_arg >= 0 &&
       static_cast<size_t>(info.training_arg) < inputs.size()) {
@@ -344,6 +404,10 @@ void collect_arguments(
       }
     } else if (write || !writes_only) {
       flatten_tensors(v, write, tensors, writes);
+      if (returned != nullptr) {  // (kept one per tensor, as `writes`)
+        returned->resize(
+            tensors->size(), i < info.returned.size() && info.returned[i]);
+      }
     }
   }
 }

@@ -20,6 +20,19 @@
 //     composite operators and the operators they decompose into alike, but
 //     not the kernels an autograd kernel redispatches to. Views are skipped:
 //     they read no bytes, the operators that use them will.
+//
+// Note [Alias-annotated composites]
+// A schema whose arguments carry a non-writing alias annotation, `Tensor(a)`,
+// says the result *may* alias the argument, not that it does: `to`,
+// `contiguous`, `reshape`, `type_as`, `flatten`, `expand_as` ... return the
+// argument itself (or a view of it) when they can and a fresh copy when they
+// cannot, made by an operator they call (`_to_copy`, `clone`,
+// `_unsafe_view`). So such an operator is not counted in the nesting at all:
+// it reads no bytes itself, and the operators its implementation calls are
+// observed as if the segment had called them (depth 0), their reads and
+// outputs included. Counting it would hide the copy's read of pre-existing
+// state as "the enclosing operator's read" of an operator that recorded
+// nothing, and the copy it returns would not be known as made by the segment.
 //   * Errors: the dispatcher swallows exceptions thrown by RecordFunction
 //     callbacks, so a refusal (overlap, integer write on a gradient path, a
 //     re-run reading outside the forward's footprint) is kept as the
@@ -66,7 +79,15 @@ struct OpInfo {
   bool skip = false;  // a view, or not an operator
   bool random = false;
   bool differentiable = true;
+  // resize_, resize_as_, set_: may change what argument 0 is (its sizes,
+  // storage, storage size; Note [Storage-changing writes]).
+  bool reshapes = false;
   std::vector<bool> writes;  // per schema argument
+  // Per schema argument: the operator returns it (its alias set is a
+  // result's: in-place and out= variants). A write it does not return is a
+  // side effect no gradient flows through (running statistics, observer
+  // state; Note [Integer writes]).
+  std::vector<bool> returned;
   // Batch norm in training writes its running statistics although its schema
   // does not say so: argument `training_arg` true => `extra` are written.
   int training_arg = -1;
@@ -94,13 +115,15 @@ at::CallbackHandle add_operator_callback(
 // it writes, the undeclared batch-norm writes included), and its explicit
 // generator (if `generator` is not null); with `writes_only`, only the
 // written tensors.
+// With `returned`, also whether the operator returns each tensor's argument.
 void collect_arguments(
     const OpInfo& info,
     c10::ArrayRef<const c10::IValue> inputs,
     bool writes_only,
     std::vector<at::Tensor>* tensors,
     std::vector<bool>* writes,
-    std::optional<at::Generator>* generator);
+    std::optional<at::Generator>* generator,
+    std::vector<bool>* returned = nullptr);
 // True if `t` has bytes an observer tracks (a strided tensor with a storage,
 // not a wrapped number); its storage's key in `*key`.
 bool observable_key(const at::Tensor& t, StorageKey* key);

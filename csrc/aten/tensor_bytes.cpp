@@ -43,6 +43,11 @@ bool observable(const at::Tensor& t) {
          t.storage().data() != nullptr;
 }
 
+bool declarable(const at::Tensor& t) {
+  return t.defined() && t.layout() == at::kStrided && t.has_storage() &&
+         !t.is_meta() && !t.unsafeGetTensorImpl()->is_wrapped_number();
+}
+
 RangeSet footprint_of(const at::Tensor& t, bool* exact) {
   std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
   std::vector<int64_t> strides(t.strides().begin(), t.strides().end());

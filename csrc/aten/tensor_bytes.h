@@ -42,6 +42,9 @@ StorageRef resolve_weak(const WeakStorage& weak);
 
 // A Python number wrapped into a tensor for one operator is never state.
 bool observable(const at::Tensor& t);
+// A tensor that can be declared state: strided, with a storage, perhaps
+// still without bytes (an empty buffer; Note [Storage-changing writes]).
+bool declarable(const at::Tensor& t);
 RangeSet footprint_of(const at::Tensor& t, bool* exact = nullptr);
 bool same_view(const at::Tensor& a, const at::Tensor& b);
 std::string describe(const at::Tensor& t);

@@ -44,12 +44,14 @@ Transaction::Transaction(
       "Transaction: names must match the state");
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    if (!observable(t)) {
+    if (!declarable(t)) {
       throw ReplayException(
-          ErrorKind::kInvalidArgument,
-          "state entry '" + tensor_names[i] +
-              "' is not a dense tensor with storage; declare only strided "
-              "CPU or CUDA tensors");
+          ErrorKind::kUnsupported,
+          "state entry '" + tensor_names[i] + "' is a " + c10::str(t.layout()) +
+              " tensor: torch_replay preserves strided tensors (their "
+              "storage's bytes). Declare its strided parts instead (for a "
+              "sparse tensor: its values and indices), or leave it "
+              "undeclared and do not modify it before backward.");
     }
     byte_device_for(t.device());  // refuses unsupported devices early
     auto& d = declared_[storage_key(t)];
@@ -85,6 +87,88 @@ StorageRef Transaction::resolve(StorageKey key) const {
 
 Resolver Transaction::resolver() const {
   return [this](StorageKey key) { return resolve(key); };
+}
+
+Resolver Transaction::byte_resolver() const {
+  if (reshaped_keys_.empty()) {
+    return resolver();
+  }
+  return [this](StorageKey key) {
+    return reshaped(key) ? StorageRef{} : resolve(key);
+  };
+}
+
+// ------------------------------------------- storage-changing writes
+
+void Transaction::before_reshape(const at::Tensor& t) {
+  if (phase_ != Phase::kForward || !declarable(t)) {
+    return;  // (a re-run's own resize is verified by its end state)
+  }
+  const StorageKey key = storage_key(t);
+  if (internal_.count(key)) {
+    return;  // a storage the segment made
+  }
+  for (const auto* records : {&reshaped_, &reshape_pending_}) {
+    for (const auto& r : *records) {
+      if (r.impl() == t.unsafeGetTensorImpl()) {
+        return;  // its start state is recorded
+      }
+    }
+  }
+  external_.emplace(key, t.storage().getWeakStorageImpl());
+  if (!declared_.count(key)) {
+    written_external_.insert_or_assign(
+        key, External{t.storage().getWeakStorageImpl()});
+  }
+  if (!writes_.count(key) || !observable(t)) {
+    reshape_pending_.emplace_back(t);
+    return;
+  }
+  // The forward wrote some of these bytes (or an enclosing operator declared
+  // it will): the start bytes are the current ones with the first-touch
+  // copies of what it wrote put back (every engine keeps those until the
+  // forward ends, to roll a refused forward back).
+  const int64_t nbytes = static_cast<int64_t>(t.storage().nbytes());
+  at::Tensor scratch =
+      at::empty({nbytes}, at::TensorOptions(at::kByte).device(t.device()));
+  ByteDevice& device = byte_device_for(t.device());
+  RangeSet all;
+  all.add(0, nbytes);
+  auto copy =
+      device.gather(static_cast<const uint8_t*>(t.storage().data()), all);
+  const StorageRef start{scratch.data_ptr<uint8_t>(), nbytes, &device};
+  device.scatter(start.base, all, *copy);
+  const Resolver only = [&](StorageKey k) {
+    return k == key ? start : StorageRef{};
+  };
+  if (engine_) {
+    engine_->rollback(only);
+  }
+  if (reads_engine_) {
+    reads_engine_->rollback(only);
+  }
+  implicit_.restore_all(only);
+  reshape_pending_.emplace_back(t, start.base);
+}
+
+void Transaction::after_reshape() {
+  std::vector<ReshapeRecord> pending = std::move(reshape_pending_);
+  reshape_pending_.clear();
+  for (ReshapeRecord& record : pending) {
+    if (record.unchanged()) {
+      continue;  // e.g. a resize_ to the size it has
+    }
+    reshaped_keys_.insert(record.start_key());
+    reshaped_.push_back(std::move(record));
+  }
+}
+
+void Transaction::observe_reshape_before(const at::Tensor& t) noexcept {
+  keep_pending([&] { before_reshape(t); });
+}
+
+void Transaction::observe_reshape_after() noexcept {
+  keep_pending([&] { after_reshape(); });
 }
 
 void Transaction::fail(int kind, const std::string& msg, StorageKey key) const {
@@ -183,8 +267,10 @@ void Transaction::before_op(
     const std::vector<bool>& writes,
     bool random,
     const std::optional<at::Generator>& generator,
-    bool nested) {
+    bool nested,
+    const std::vector<bool>& returned) {
   TORCH_INTERNAL_ASSERT(tensors.size() == writes.size());
+  TORCH_INTERNAL_ASSERT(returned.empty() || returned.size() == writes.size());
   const bool replay = phase_ == Phase::kReplay;
   require_phase(replay || phase_ == Phase::kForward, "observe an operator");
 
@@ -276,7 +362,9 @@ void Transaction::before_op(
       continue;
     }
     const at::Tensor& w = tensors[i];
-    if (!replay && tainted_read && !at::isFloatingType(w.scalar_type()) &&
+    const bool carried = returned.empty() || returned[i];
+    if (!replay && tainted_read && carried &&
+        !at::isFloatingType(w.scalar_type()) &&
         !at::isComplexType(w.scalar_type())) {
       fail(
           static_cast<int>(ErrorKind::kUnsupported),
@@ -302,6 +390,15 @@ void Transaction::before_op(
 
 void Transaction::forward_access(
     const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write) {
+  if (reshaped(key)) {
+    // Its whole start state is recorded (Note [Storage-changing writes]);
+    // the re-run's end bytes are verified against these.
+    footprint_[key].add(fp);
+    if (write) {
+      writes_[key].add(fp);
+    }
+    return;
+  }
   auto d = declared_.find(key);
   if (d != declared_.end()) {
     const StorageRef ref = ref_of(d->second.storage);
@@ -327,7 +424,16 @@ void Transaction::forward_access(
     writes_[key].add(fp);
     RegionJournal::global().record_if_watched(key, ref, fp);
   } else if (reads_engine_) {
-    preserve_read(t, key, fp);
+    // Only bytes the segment has not written yet are read from before it
+    // (a read of its own write is reproduced by the re-run itself). A hash of
+    // bytes it wrote would be a hash of no value the journal can restore, and
+    // the re-run would be refused for a bypass that never happened.
+    auto w = writes_.find(key);
+    if (w == writes_.end()) {
+      preserve_read(t, key, fp);
+    } else if (RangeSet exposed = fp.subtract(w->second); !exposed.empty()) {
+      preserve_read(t, key, exposed);
+    }
   } else if (options_.watch_reads) {
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     auto it = reads_.find(impl);
@@ -369,12 +475,12 @@ void Transaction::after_op(
     if (replay) {
       if (!footprint_.count(key) && !declared_.count(key) &&
           !live_.saved(key).bytes() && !external_.count(key)) {
-        replay_internal_.insert(key);
+        replay_internal_.emplace(key, t.storage().getWeakStorageImpl());
       }
       continue;
     }
     if (!external_.count(key)) {
-      internal_.insert(key);
+      internal_.emplace(key, t.storage().getWeakStorageImpl());
     }
     // (An output that requires grad shows it itself; the map is for outputs
     // made under no_grad, as in the reentrant forward.)
@@ -452,6 +558,9 @@ void Transaction::end_forward() {
     watching_writes_ = false;
   }
   generators_.record_end();
+  for (auto& r : reshaped_) {
+    r.record_end();
+  }
   for (const auto& [key, ranges] : footprint_) {
     end_hashes_.add(key, resolve(key), ranges);
   }
@@ -466,7 +575,7 @@ void Transaction::end_forward() {
 }
 
 void Transaction::rollback() {
-  const Resolver r = resolver();
+  const Resolver r = byte_resolver();
   if (engine_) {
     engine_->rollback(r);
   }
@@ -474,6 +583,9 @@ void Transaction::rollback() {
     reads_engine_->rollback(r);
   }
   implicit_.restore_all(r);
+  for (auto it = reshaped_.rbegin(); it != reshaped_.rend(); ++it) {
+    it->rollback();
+  }
   generators_.set_start();
 }
 
@@ -488,7 +600,12 @@ void Transaction::abort_forward() {
 // ---------------------------------------------------------- introspection
 
 int64_t Transaction::retained_bytes() const {
-  return implicit_.bytes() + (engine_ ? engine_->retained_bytes() : 0) +
+  int64_t reshaped = 0;
+  for (const auto& r : reshaped_) {
+    reshaped += r.bytes();
+  }
+  return reshaped + implicit_.bytes() +
+         (engine_ ? engine_->retained_bytes() : 0) +
          (reads_engine_ ? reads_engine_->retained_bytes() : 0);
 }
 
@@ -531,8 +648,10 @@ void Transaction::observe_before(
     const std::vector<bool>& writes,
     bool random,
     const std::optional<at::Generator>& generator,
-    bool nested) noexcept {
-  keep_pending([&] { before_op(tensors, writes, random, generator, nested); });
+    bool nested,
+    const std::vector<bool>& returned) noexcept {
+  keep_pending(
+      [&] { before_op(tensors, writes, random, generator, nested, returned); });
 }
 
 void Transaction::observe_after(

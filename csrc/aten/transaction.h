@@ -18,8 +18,19 @@
 //   * the end state is recorded: hashes of the touched regions (B_T) and the
 //     generator states (R_T).
 //   * raw overlapping writes (OverlapError) and float gradients through an
-//     integer write (UnsupportedReplayError) are refused before the op runs;
-//     abort_forward then rolls every touched byte and generator back.
+//     integer write (UnsupportedReplayError, Note [Integer writes]) are
+//     refused before the op runs; abort_forward then rolls every touched
+//     byte and generator back.
+//
+// Note [Integer writes]
+// An operator that writes a value derived from a tensor requiring grad into
+// an integer tensor, and returns that tensor (`ibuf.copy_(x * 10)`, an
+// out= variant), cuts the gradient where the user means it to flow: it is
+// refused. A write the operator does not return is a side effect (the
+// running minimum, scale and zero point a fused fake-quantize observer
+// updates, batch norm's running statistics): autograd records no gradient
+// into it in eager either, and its value is the same in the re-run, so it
+// runs as eager.
 // Replay (begin_replay .. finish_replay):
 //   1. check_unchanged: undeclared tensors the forward saved for backward (or
 //      read, when asked) must not have been modified since; else
@@ -41,17 +52,27 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "aten/generator_state.h"
+#include "aten/storage_reshape.h"
 #include "core/preservation_engine.h"
 #include "core/region_journal.h"
 #include "core/region_store.h"
 
 namespace torch_replay::aten {
+
+// Note [Storage keys]
+// A storage is keyed by the address of its StorageImpl. An address is reused
+// once the StorageImpl is freed, so a transaction holds a weak reference to
+// every storage whose key it remembers (pre-existing, made by the segment,
+// made by the re-run): a weak reference keeps the StorageImpl's memory (not
+// its bytes) allocated, so no later storage can get the same key while the
+// transaction lives, and its facts never depend on what the allocator did.
 
 // Address of the tensor's StorageImpl: the key of a storage everywhere.
 StorageKey storage_key(const at::Tensor& t);
@@ -101,15 +122,24 @@ class Transaction {
   // a generator, `generator` the explicit one if passed.
   // `nested`: the operator runs inside another operator's implementation
   // (Note [C++ observer]); it does not decide what the enclosing operator's
-  // outputs are derived from.
+  // outputs are derived from. `returned[i]`: the operator returns
+  // tensors[i] (empty: every written tensor counts as returned; Note
+  // [Integer writes]).
   void before_op(
       const std::vector<at::Tensor>& tensors,
       const std::vector<bool>& writes,
       bool random,
       const std::optional<at::Generator>& generator,
-      bool nested = false);
+      bool nested = false,
+      const std::vector<bool>& returned = {});
   // Called after each operator with its tensor outputs.
   void after_op(const std::vector<at::Tensor>& outputs, bool differentiable);
+  // Called before / after an operator that may change what `t` is (resize_,
+  // resize_as_, set_; Note [Storage-changing writes]). Several may be
+  // pending (an operator's written arguments); after_reshape settles them
+  // all. (It takes no tensor: RecordFunction's end callbacks have no inputs.)
+  void before_reshape(const at::Tensor& t);
+  void after_reshape();
   // The same, for the C++ observer (Note [C++ observer]): an error is kept as
   // the pending error (the first one wins) instead of thrown.
   void observe_before(
@@ -117,9 +147,12 @@ class Transaction {
       const std::vector<bool>& writes,
       bool random,
       const std::optional<at::Generator>& generator,
-      bool nested) noexcept;
+      bool nested,
+      const std::vector<bool>& returned) noexcept;
   void observe_after(
       const std::vector<at::Tensor>& outputs, bool differentiable) noexcept;
+  void observe_reshape_before(const at::Tensor& t) noexcept;
+  void observe_reshape_after() noexcept;
   // A random operator nested inside another operator (its tensors are the
   // kernel's own): only its generator is tracked.
   void observe_random(
@@ -210,6 +243,12 @@ class Transaction {
 
   StorageRef resolve(StorageKey key) const;
   Resolver resolver() const;
+  // The resolver of the engines' and implicit restores: storages owned by a
+  // ReshapeRecord resolve to nothing (Note [Storage-changing writes]).
+  Resolver byte_resolver() const;
+  bool reshaped(StorageKey key) const {
+    return reshaped_keys_.count(key) > 0;
+  }
   void preserve_read(const at::Tensor& t, StorageKey key, const RangeSet& fp);
   void forward_access(
       const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
@@ -246,7 +285,11 @@ class Transaction {
   // address that is its key.
   std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
       external_;
-  std::unordered_set<StorageKey> internal_;
+  // Storages the segment made. Weak references too, for the same reason: a
+  // storage made and freed inside the forward must not give its key to one
+  // the forward did not see made (Note [Storage keys]).
+  std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
+      internal_;
   std::map<StorageKey, External> written_external_;
   std::map<StorageKey, RangeSet> footprint_, writes_;
   std::vector<c10::Device> devices_seen_;
@@ -266,12 +309,18 @@ class Transaction {
   // engine; a later write to them anywhere first journals the old bytes.
   std::unique_ptr<PreservationEngine> reads_engine_;
   std::unordered_set<StorageKey> preserved_;
+  // Note [Storage-changing writes]: tensors whose storage the forward
+  // resized or replaced, with their start state; the storages they own.
+  std::vector<ReshapeRecord> reshaped_;
+  std::unordered_set<StorageKey> reshaped_keys_;
+  std::vector<ReshapeRecord> reshape_pending_;  // until after_reshape
   RegionStore implicit_;        // undeclared pre-existing storages written
   FootprintHashes end_hashes_;  // B_T of touched regions
 
   // Replay bookkeeping.
   RegionStore live_;
-  std::unordered_set<StorageKey> replay_internal_;
+  std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
+      replay_internal_;
   std::vector<std::pair<
       c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>,
       int64_t>>

@@ -51,7 +51,10 @@ void Transaction::begin_replay() {
   replay_internal_.clear();
   replay_versions_.clear();
   replay_versioned_.clear();
-  const Resolver r = resolver();
+  // (Storages a ReshapeRecord owns are hidden from the byte restores: the
+  // record sets their live allocation aside whole; Note [Storage-changing
+  // writes].)
+  const Resolver r = byte_resolver();
   // 1. Save the live bytes of everything the restore below rewrites.
   for (const PreservationEngine* e : {engine_.get(), reads_engine_.get()}) {
     if (e == nullptr) {
@@ -65,7 +68,9 @@ void Transaction::begin_replay() {
     }
   }
   for (StorageKey key : implicit_.keys()) {
-    live_.save(key, r(key), implicit_.saved(key));
+    if (!reshaped(key)) {
+      live_.save(key, r(key), implicit_.saved(key));
+    }
   }
   for (auto& [key, d] : declared_) {
     for (const auto& t : d.tensors) {
@@ -76,6 +81,9 @@ void Transaction::begin_replay() {
   replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
   // 2. Put B0 back, proving it where the engine kept only hashes.
   try {
+    for (auto& rec : reshaped_) {
+      rec.begin_replay();
+    }
     StorageKey bad = engine_->restore_start(r);
     if (bad != 0) {
       const bool guard = engine_->kind() == EngineKind::kGuard;
@@ -109,6 +117,9 @@ void Transaction::begin_replay() {
     generators_.set_start();
   } catch (...) {
     live_.restore_all(r);
+    for (auto it = reshaped_.rbegin(); it != reshaped_.rend(); ++it) {
+      it->finish_replay();
+    }
     generators_.restore_live();
     live_.clear();
     throw;
@@ -150,8 +161,9 @@ void Transaction::replay_access(
               "state= or make the segment deterministic.",
           key);
     }
-    StorageRef ref = resolve(key);
-    live_.save(key, ref, fp);
+    if (!reshaped(key)) {  // (else its record keeps the live state)
+      live_.save(key, resolve(key), fp);
+    }
     remember_version(t);
   }
   if (declared && engine_->kind() != EngineKind::kSnapshot &&
@@ -182,6 +194,22 @@ bool Transaction::overwritten_later(const at::Tensor& t) const {
 
 void Transaction::verify_replay() {
   require_phase(phase_ == Phase::kReplay, "verify the re-run");
+  // Sizes first: the hashes below read the bytes the forward's end had.
+  for (const auto& rec : reshaped_) {
+    if (!rec.reproduced()) {
+      std::string name = name_of(rec.start_key());
+      fail(
+          static_cast<int>(ErrorKind::kStateMutation),
+          "the re-run did not leave " +
+              (name.empty() ? std::string("a tensor the segment resized")
+                            : "'" + name + "'") +
+              " with the size, storage and bytes the forward left it "
+              "with: the segment depends on state that changed and is not "
+              "declared, or is not deterministic. Declare that state in "
+              "state=.",
+          rec.start_key());
+    }
+  }
   StorageKey bad = end_hashes_.first_mismatch(resolver());
   if (bad != 0) {
     std::string name = name_of(bad);
@@ -211,6 +239,9 @@ void Transaction::finish_replay() {
     return;
   }
   live_.restore_all(resolver());
+  for (auto it = reshaped_.rbegin(); it != reshaped_.rend(); ++it) {
+    it->finish_replay();
+  }
   generators_.restore_live();
   for (auto it = replay_versions_.rbegin(); it != replay_versions_.rend();
        ++it) {
@@ -242,6 +273,8 @@ void Transaction::release() {
   }
   implicit_.clear();
   live_.clear();
+  reshape_pending_.clear();
+  reshaped_.clear();
   phase_ = Phase::kReleased;
 }
 
