@@ -126,7 +126,7 @@ def _grads(
 
 
 def _difference(got: list, eager: list) -> float:
-    """max |got - eager| over all gradients (None counts as 0)."""
+    """``max |got - eager|`` over all gradients (None counts as 0)."""
     diff = 0.0
     for g, e in zip(got, eager, strict=True):
         if g is None and e is None:

@@ -58,7 +58,7 @@ class SegmentAudit:
     """False if no output of the segment required grad in the observed run (it ran under
     ``no_grad``, like a momentum encoder): checkpointing does not apply to it."""
     torch_checkpoint_grad_error: float | None = None
-    """max |grad - eager| of ``torch.utils.checkpoint`` on the segment alone, run by the
+    """``max |grad - eager|`` of ``torch.utils.checkpoint`` on the segment alone, run by the
     probe from the model's state before the audit (Note [Audit probe] in probe.py)."""
     torch_replay_grad_error: float | None = None
     """The same for ``torch_replay.checkpoint`` with the recommended state."""
