@@ -16,6 +16,7 @@ import torch.utils.checkpoint as tcp
 import torch_replay as tr
 from torch_replay.audit import audit
 
+from .hf_tiny import tiny_causal_lm
 from .reference import assert_bitwise, grads
 
 
@@ -162,21 +163,7 @@ def test_fused_qat_verdict_is_the_checkpoints():
 
 
 def test_hugging_face_llama_layers():
-    transformers = pytest.importorskip(
-        "transformers", reason="transformers (requirements-dev.txt) is not installed"
-    )
-    cfg = transformers.LlamaConfig(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=16,
-        use_cache=False,
-    )
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).train()
+    model = tiny_causal_lm("Llama", num_key_value_heads=1, use_cache=False)
     ids = torch.randint(0, 32, (2, 6))
     seen = {}
 

@@ -16,6 +16,7 @@ import torch.nn as nn
 
 import torch_replay as tr
 
+from .hf_tiny import tiny_causal_lm
 from .reference import REENTRANT, assert_bitwise, grads, storage_bytes
 
 _PLAIN = re.compile(r"(?<![\w.'\"])(state|engine)=")  # state= / engine= not spelled replay_
@@ -185,16 +186,9 @@ def test_engine_advice_is_respelled_too(setup):
 
 
 def test_hugging_face_deepseek_v3_router_bias():
-    transformers = pytest.importorskip(
-        "transformers", reason="transformers (requirements-dev.txt) is not installed"
-    )
-    cfg = transformers.DeepseekV3Config(
-        vocab_size=32,
-        hidden_size=16,
-        intermediate_size=32,
+    model = tiny_causal_lm(
+        "DeepseekV3",
         moe_intermediate_size=8,
-        num_hidden_layers=2,
-        num_attention_heads=2,
         num_key_value_heads=2,
         n_routed_experts=4,
         n_shared_experts=1,
@@ -207,10 +201,7 @@ def test_hugging_face_deepseek_v3_router_bias():
         qk_rope_head_dim=4,
         qk_nope_head_dim=4,
         v_head_dim=4,
-        max_position_embeddings=16,
     )
-    torch.manual_seed(0)
-    model = transformers.DeepseekV3ForCausalLM(cfg).train()
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     for m in model.modules():  # transformers' own mechanism, torch_replay's function
         if hasattr(m, "_gradient_checkpointing_func"):
