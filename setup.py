@@ -5,7 +5,10 @@ Build knobs (environment variables, documented in README.md "Build knobs"):
   TORCH_REPLAY_NO_CUDA=1    never build the CUDA kernels, even with a CUDA torch.
   TORCH_REPLAY_SKIP_EXT=1   register the package without building the extension
                             (scripts/setup.sh then builds it in place, incrementally).
+  BOOST_ROOT=DIR            a Boost outside the compiler's search path (DIR/include).
   MAX_JOBS=N                parallel compile jobs (torch's own knob).
+
+The C++ standards, flags and Boost version are in build.env, shared with CMake and scripts/.
 
 Always build with ``pip install --no-build-isolation -e .`` so the extension
 links against the torch that will import it.
@@ -33,23 +36,41 @@ def _sources(pattern: str) -> list[str]:
     ]
 
 
+def build_env() -> dict[str, str]:
+    """The shared description of the build (``build.env``: ``KEY=value`` lines)."""
+    out = {}
+    with open(os.path.join(ROOT, "build.env")) as f:
+        for line in f:
+            key, sep, value = line.strip().partition("=")
+            if sep and key.isidentifier() and not line.startswith("#"):
+                out[key] = value.strip('"')
+    return out
+
+
+BUILD = build_env()
+
+
 def _cxx_standard() -> str:
-    # torch 2.14's headers require C++20; older ones build with C++17.
+    # torch 2.14's headers require C++20; older ones build with the core's standard.
     major, minor = (int(v) for v in torch.__version__.split("+")[0].split(".")[:2])
-    return "-std=c++20" if (major, minor) >= (2, 14) else "-std=c++17"
+    key = "CXX_STANDARD_TORCH_2_14" if (major, minor) >= (2, 14) else "CXX_STANDARD"
+    return f"-std=c++{BUILD[key]}"
 
 
 def _extension():
     debug = os.environ.get("TORCH_REPLAY_DEBUG", "0") == "1"
     # NDEBUG as torch itself is built: RecordFunction::inputs() asserts in debug
     # builds of its header on a flag release builds never set (Note [C++ observer]).
-    cxx = [_cxx_standard(), "-O0" if debug else "-O3", "-fvisibility=hidden", "-DNDEBUG"]
+    opt = "-O0" if debug else BUILD["OPT_LEVEL"]
+    cxx = [_cxx_standard(), opt, "-fvisibility=hidden", "-DNDEBUG"]
     if debug:
         cxx += ["-g", "-DTORCH_REPLAY_DEBUG"]
     sources = (
         _sources("csrc/core/*.cpp") + _sources("csrc/aten/*.cpp") + _sources("csrc/python/*.cpp")
     )
     include_dirs = [os.path.join(ROOT, "csrc"), os.path.join(ROOT, "cuda")]
+    if os.environ.get("BOOST_ROOT"):
+        include_dirs.append(os.path.join(os.environ["BOOST_ROOT"], "include"))
     with_cuda = (
         torch.version.cuda is not None
         and CUDA_HOME is not None
@@ -62,7 +83,7 @@ def _extension():
             sources,
             include_dirs=include_dirs,
             define_macros=[("TORCH_REPLAY_WITH_CUDA", "1")],
-            extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-std=c++17"]},
+            extra_compile_args={"cxx": cxx, "nvcc": [opt, f"-std=c++{BUILD['CXX_STANDARD']}"]},
         )
     return CppExtension(
         "torch_replay._C", sources, include_dirs=include_dirs, extra_compile_args={"cxx": cxx}

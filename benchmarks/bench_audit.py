@@ -1,7 +1,7 @@
 """Cost of ``tr.audit``: one observed step (the C++ audit recorder, Note [Audit recorder])
 and the analysis, against the plain training step it observes (CPU).
 
-    python benchmarks/bench_audit.py [--reps 7] [--threads 1] [--out FILE.md]
+    python -m benchmarks.bench_audit [--reps 7] [--threads 1] [--out FILE.md]
 
 Models: a narrow ResNet-18 layout in train mode (batch norm statistics written in
 forward) and a 4-block MLP with a buffer written between forward and backward. Rows:
@@ -14,17 +14,14 @@ step. Nothing is written unless ``--out`` is given.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from benchmarks.moco.model import BasicBlock  # noqa: E402
-from torch_replay.audit import audit  # noqa: E402
+from benchmarks.moco.model import BasicBlock
+from torch_replay.audit import audit
 
 
 def _resnet(width: int = 8) -> nn.Module:

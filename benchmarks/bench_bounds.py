@@ -18,9 +18,9 @@ Generators (the published table only says "random DAGs"; both are reported):
 The optimum comes from the exhaustive DP over downsets.
 
 Run:
-    .venv/bin/python benchmarks/bench_bounds.py                  # prints only
-    .venv/bin/python benchmarks/bench_bounds.py --graphs 50 --restarts 2 --steps 100   # small run
-    .venv/bin/python benchmarks/bench_bounds.py --out benchmarks/results/bounds.md
+    .venv/bin/python -m benchmarks.bench_bounds                  # prints only
+    .venv/bin/python -m benchmarks.bench_bounds --graphs 50 --restarts 2 --steps 100   # small run
+    .venv/bin/python -m benchmarks.bench_bounds --out benchmarks/results/bounds.md
 Nothing is written without --out.
 """
 
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     args = parser.parse_args(argv)
     CORE = schedule._core()
-    command = "PYTHONPATH=. .venv/bin/python benchmarks/bench_bounds.py " + " ".join(
+    command = "PYTHONPATH=. .venv/bin/python -m benchmarks.bench_bounds " + " ".join(
         sys.argv[1:] if argv is None else argv
     )
     out = [

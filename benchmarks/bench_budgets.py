@@ -1,6 +1,6 @@
 """Budget regimes: joint planner vs its baselines, measured in fresh processes (CPU).
 
-    python benchmarks/bench_budgets.py [--rounds 20] [--steps 2] [--workloads queue,dense]
+    python -m benchmarks.bench_budgets [--rounds 20] [--steps 2] [--workloads queue,dense]
                                        [--calibration costs.json] [--out budgets.md]
 
 For each workload (``queue``: sparse writes into a ring buffer with many live
@@ -34,18 +34,16 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import torch
 
-import torch  # noqa: E402
-
-import torch_replay as tr  # noqa: E402
-from torch_replay import calibrate as cal  # noqa: E402
-from torch_replay.planned import PlannedSequential  # noqa: E402
-from torch_replay.planner import Option, plan_peak  # noqa: E402
+import torch_replay as tr
+from benchmarks.cli import emit, run_module
+from torch_replay import calibrate as cal
+from torch_replay.planned import PlannedSequential
+from torch_replay.planner import Option, plan_peak
 
 MIB = 2**20
 WORKLOADS = {
@@ -94,9 +92,7 @@ def child_run(workload: str, choices: list[str], steps: int, track: bool) -> dic
 
 
 def run_child(args: list[str]) -> dict:
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), *args], capture_output=True, text=True
-    )
+    out = run_module("benchmarks.bench_budgets", args)
     if out.returncode != 0:
         raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -348,7 +344,7 @@ def main() -> int:
         results = [
             bench_workload(w, r, a.steps, a.reps) for w, r in zip(names, rounds, strict=False)
         ]
-    command = a.command or f"python benchmarks/bench_budgets.py {' '.join(sys.argv[1:])}"
+    command = a.command or f"python -m benchmarks.bench_budgets {' '.join(sys.argv[1:])}"
     lines = [
         f"Command: `{command}`",
         "",
@@ -363,14 +359,10 @@ def main() -> int:
     for res in results:
         lines += table(res) + [""]
     md = "\n".join(lines) + "\n"
-    print(md)
     if a.json and not a.from_json:
         with open(a.json, "w") as f:
             json.dump(results, f, indent=1)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(md)
-    return 0
+    return emit(md, a.out)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Checkpoint benchmarks (CPU, this machine). Prints ratios measured side by side.
 
-    python benchmarks/bench_checkpoint.py overhead  [--reps 15] [--device cuda]
-    python benchmarks/bench_checkpoint.py journal   [--reps 3] [--mib 256]
-    python benchmarks/bench_checkpoint.py all --quick      # small run: a minute or two, prints only
-    python benchmarks/bench_checkpoint.py all --out benchmarks/results/checkpoint.md
+    python -m benchmarks.bench_checkpoint overhead  [--reps 15] [--device cuda]
+    python -m benchmarks.bench_checkpoint journal   [--reps 3] [--mib 256]
+    python -m benchmarks.bench_checkpoint all --quick      # small run: a minute or two, prints only
+    python -m benchmarks.bench_checkpoint all --out benchmarks/results/checkpoint.md
 
 Nothing is written unless --out is given (then also <out>.json, the results kept between
 partial runs). The full run takes tens of minutes on a small CPU; --quick measures a
@@ -30,7 +30,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import weakref
@@ -39,8 +38,8 @@ import torch
 import torch.nn as nn
 import torch.utils.checkpoint as tcp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import torch_replay as tr  # noqa: E402
+import torch_replay as tr
+from benchmarks.cli import emit, run_module
 
 # ------------------------------------------------------------------- overhead
 
@@ -213,18 +212,8 @@ def journal_child(
 
 
 def _run_child(engine, mib_, ratio, versions, reps, where="inside") -> dict:
-    cmd = [
-        sys.executable,
-        __file__,
-        "_child",
-        engine,
-        str(mib_),
-        str(ratio),
-        str(versions),
-        str(reps),
-        where,
-    ]
-    proc = subprocess.run(cmd, text=True, capture_output=True)
+    args = ["_child", engine, str(mib_), str(ratio), str(versions), str(reps), where]
+    proc = run_module("benchmarks.bench_checkpoint", args)
     if proc.returncode != 0:
         why = f"signal {-proc.returncode}" if proc.returncode < 0 else f"exit {proc.returncode}"
         return {"error": f"{why} (killed: out of memory?)" if proc.returncode == -9 else why}
@@ -261,7 +250,7 @@ def mib(n):
 
 def markdown(overhead, journal, args) -> str:
     lines = [
-        "Commands: `python benchmarks/bench_checkpoint.py all --out benchmarks/results/checkpoint.md`"
+        "Commands: `python -m benchmarks.bench_checkpoint all --out benchmarks/results/checkpoint.md`"
         " (rows measured by later partial runs, e.g. `journal --versions 64 --ratios 1`, replace"
         f" theirs; this file was last written by `... {' '.join(args)}`)",
         "",
@@ -377,11 +366,7 @@ def main() -> int:
         with open(a.json, "w") as f:
             json.dump(data, f, indent=1)
     md = markdown(data["overhead"], data["journal"], sys.argv[1:])
-    print(md)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(md)
-    return 0
+    return emit(md, a.out)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ inductor. CPU, FP32, one thread; the machine is shared, so times are
 indicative.
 
 Run:
-    nice -n 10 .venv/bin/python benchmarks/bench_compile.py [--reps 3]
+    nice -n 10 .venv/bin/python -m benchmarks.bench_compile [--reps 3]
         [--models mlp,convnet,segment] [--out benchmarks/results/compile.md]
 prints the table; writes it only with ``--out``. ``--reps 1 --models mlp`` is a
 small run. ``--models tv:resnet50,tv:inference:vit_b_16`` uses torchvision models
@@ -32,6 +32,27 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("mlp", "convnet", "segment")
+
+
+def build_step(name: str):
+    """The model ``name`` (in eval mode when its step is inference) and ``step(f)``: one step
+    of it through ``f`` (``torch.compile(model, ...)``): a training step's loss
+    ``out.float().pow(2).sum()`` backward, or an inference call under ``no_grad``."""
+    import torch
+
+    model, inputs, train = _build(name)
+    if not train:
+        model.eval()
+
+    def step(f):
+        if not train:
+            with torch.no_grad():
+                return f(*inputs)
+        out = f(*inputs)
+        out.float().pow(2).sum().backward()
+        return out
+
+    return model, step
 
 
 def _build(name: str):
@@ -100,19 +121,7 @@ def child(name: str, backend: str) -> None:
         import inductor_pass  # noqa: F401  (registers the backend)
     t_import = time.perf_counter() - t_import
     torch.set_num_threads(1)
-    model, inputs, train = _build(name)
-
-    if not train:
-        model.eval()
-
-    def step(f):
-        if not train:
-            with torch.no_grad():
-                return f(*inputs)
-        out = f(*inputs)
-        out.float().pow(2).sum().backward()
-        return out
-
+    model, step = build_step(name)
     f = torch.compile(model, backend=backend)
     t0 = time.perf_counter()
     step(f)

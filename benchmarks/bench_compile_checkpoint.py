@@ -1,6 +1,6 @@
 """tr.checkpoint inside torch.compile vs torch.utils.checkpoint (CPU, Inductor).
 
-    python benchmarks/bench_compile_checkpoint.py [--reps 15] [--quick] [--out FILE.md]
+    python -m benchmarks.bench_compile_checkpoint [--reps 15] [--quick] [--out FILE.md]
 
 For each model, the same module is built twice (same seed), once calling
 ``torch.utils.checkpoint`` per block and once ``torch_replay.checkpoint``, and
@@ -25,44 +25,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint as tcp
 from torch._dynamo.testing import CompileCounterWithBackend
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import torch_replay as tr  # noqa: E402
-
-
-class Block(torch.nn.Module):
-    def __init__(self, d, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, -1).unbind(2)
-        a = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        x = x + self.out(a.transpose(1, 2).reshape(b, s, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class ResBlock(torch.nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.c1, self.b1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
-        self.c2, self.b2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        return F.relu(x + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
+import torch_replay as tr
+from benchmarks.models import PreNormBlock, ResBlock
 
 
 class Model(torch.nn.Module):
@@ -85,7 +55,7 @@ def build(kind: str, checkpoint, quick: bool, declare=False):
     torch.manual_seed(0)
     if kind == "transformer":
         d, heads, seq, batch = (64, 4, 32, 2) if quick else (256, 4, 128, 4)
-        model = Model(torch.nn.Identity(), [Block(d, heads) for _ in range(6)], checkpoint)
+        model = Model(torch.nn.Identity(), [PreNormBlock(d, heads) for _ in range(6)], checkpoint)
         return model, torch.randn(batch, seq, d)
     c, hw, batch = (8, 8, 2) if quick else (32, 16, 8)
     stem = torch.nn.Sequential(torch.nn.Conv2d(3, c, 3, padding=1), torch.nn.ReLU())
@@ -158,7 +128,7 @@ def main() -> None:
             flush=True,
         )
     lines = [
-        "Command: `python benchmarks/bench_compile_checkpoint.py"
+        "Command: `python -m benchmarks.bench_compile_checkpoint"
         + (" --quick" if args.quick else f" --reps {reps}")
         + f" --out {args.out}`",
         "",

@@ -10,7 +10,7 @@ For each architecture, in inference (``eval()``, ``no_grad``) and training
   deploys (default or variant, permuted or not) with its modelled / measured
   peak, the min-cut lower bound and whether it certifies the result;
 - the regeneration baseline (Note [Regeneration baseline] in
-  ``inductor_pass/regenerate.py``): where the pass found a better order, that
+  ``benchmarks/regenerate.py``): where the pass found a better order, that
   order is fed back to Inductor's scheduler and the program regenerated;
   ``predicted`` is the pass's modelled peak of its order, ``measured`` the
   regenerated program's peak;
@@ -33,7 +33,7 @@ torchvision that imports, e.g. the torch 2.14.1 environment of
 ``TORCH_REPLAY_TORCH=2.14.1 bash scripts/setup.sh``).
 
 Run:
-    nice -n 10 .venv/bin/python benchmarks/bench_inductor.py [--quick | --models vit,lstm]
+    nice -n 10 .venv/bin/python -m benchmarks.bench_inductor [--quick | --models vit,lstm]
         [--modes inference,training] [--tv --tv-size 64] [--name inductor.md]
         [--out benchmarks/results]
 prints the table; with --out, writes <out>/<name> and <out>/<name without .md>.json
@@ -48,21 +48,17 @@ import copy
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import inductor_pass  # noqa: E402  (registers the backend)
-from inductor_pass import PassConfig, make_backend, regenerate  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from inductor_table import command_line, render  # noqa: E402
-from inductor_zoo import COMPACT, QUICK, model_list  # noqa: E402
+import inductor_pass  # (registers the backend)
+from benchmarks import regenerate
+from benchmarks.inductor_table import command_line, render
+from benchmarks.inductor_zoo import COMPACT, QUICK, model_list
+from inductor_pass import PassConfig, make_backend
 
 # --------------------------------------------------------------------------- runs
 

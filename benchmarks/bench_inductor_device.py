@@ -7,7 +7,7 @@ only when lower and bitwise identical) and kernel times from CUPTI
 allocator's byte-exact guard, so ``scripts/gpu_check.sh --dry-run`` keeps this
 script working where no GPU exists.
 
-    python benchmarks/bench_inductor_device.py --device cuda --out DIR [--size small]
+    python -m benchmarks.bench_inductor_device --device cuda --out DIR [--size small]
         [--models block,resnet,unet] [--modes inference,training] [--budget-s 150]
 
 Writes ``DIR/inductor_<device>.md`` and ``.json`` after every run (a cut run
@@ -26,13 +26,9 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from inductor_zoo import Block, SmallResNet, UNet  # noqa: E402
-
-import inductor_pass  # noqa: E402  (registers the backend)
-from inductor_pass import PassConfig, make_backend  # noqa: E402
+import inductor_pass  # (registers the backend)
+from benchmarks.inductor_zoo import Block, SmallResNet, UNet
+from inductor_pass import PassConfig, make_backend
 
 MODELS = {
     # name: (builder, input shape at --size tiny, at --size small)

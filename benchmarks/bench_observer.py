@@ -1,6 +1,6 @@
 """Cost of observing a segment's operators: the C++ observer vs the Python one (CPU).
 
-    python benchmarks/bench_observer.py [--reps 9] [--quick] [--out FILE.md]
+    python -m benchmarks.bench_observer [--reps 9] [--quick] [--out FILE.md]
 
 Three measurements, each a ratio measured side by side in one run (methods interleaved,
 medians of ``reps`` repetitions after a warm-up):
@@ -38,11 +38,11 @@ import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import torch.utils.checkpoint as tcp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import torch_replay as tr  # noqa: E402
+import torch_replay as tr
+from benchmarks.cli import add_out_quick, emit
+from benchmarks.models import PreNormBlock
 
 
 def _time(fn) -> float:
@@ -183,29 +183,12 @@ def bench_small_ops(segments: int, reps: int) -> list[dict]:
 # ---------------------------------------------------------------------- gpt
 
 
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-        self.heads = heads
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), 0.1)
-
-
 GPT_ENGINES = ("auto", "journal", "readset", "guard", "snapshot")
 
 
 def bench_gpt(reps: int, layers: int = 6, d: int = 256, seq: int = 128, batch: int = 4) -> dict:
     torch.manual_seed(0)
-    blocks = nn.ModuleList(Block(d, 4) for _ in range(layers))
+    blocks = nn.ModuleList(PreNormBlock(d, 4, dropout=0.1) for _ in range(layers))
     x = torch.randn(batch, seq, d)
 
     def step(ckpt):
@@ -293,7 +276,7 @@ def bench_kept(blocks: int = 4, width: int = 2048) -> list[dict]:
 
 def markdown(per_op, small, per_segment, gpt, kept, argv) -> str:
     lines = [
-        f"Command: `python benchmarks/bench_observer.py {' '.join(argv)}`",
+        f"Command: `python -m benchmarks.bench_observer {' '.join(argv)}`",
         "",
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads. "
         "Ratios are torch_replay / torch.utils.checkpoint, medians of interleaved repetitions.",
@@ -372,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         help="repetitions of the GPT model (its ratios are"
         " within about 1%%, so it needs more rounds than the others)",
     )
-    p.add_argument("--quick", action="store_true", help="a smoke run: fewer ops and reps")
-    p.add_argument("--out", default=None, help="write the Markdown table here")
+    add_out_quick(p, quick="a smoke run: fewer ops and reps")
     a = p.parse_args(argv)
     reps = 2 if a.quick else a.reps
     per_op = bench_per_op(50 if a.quick else 500, reps)
@@ -382,11 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     gpt = bench_gpt(reps if a.quick else a.gpt_reps, layers=2 if a.quick else 6)
     kept = bench_kept(width=256 if a.quick else 2048)
     md = markdown(per_op, small, per_segment, gpt, kept, sys.argv[1:] if argv is None else argv)
-    print(md)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(md)
-    return 0
+    return emit(md, a.out)
 
 
 if __name__ == "__main__":

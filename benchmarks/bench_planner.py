@@ -18,7 +18,7 @@ Families:
            frontier), for comparison.
 
 Usage:
-  PYTHONPATH=. python benchmarks/bench_planner.py --out benchmarks/results/planner.md
+  PYTHONPATH=. python -m benchmarks.bench_planner --out benchmarks/results/planner.md
 
 (or without PYTHONPATH after `pip install --no-build-isolation -e .`)
 """

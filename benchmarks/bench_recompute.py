@@ -14,7 +14,7 @@ Models (``benchmarks/recompute_models.py``): ``ReDimNetStyle`` at seven sizes
 when torchvision imports (it does not in this environment; the table says so).
 
 Run:
-    nice -n 10 .venv/bin/python benchmarks/bench_recompute.py [--budget 0.01] [--quick]
+    nice -n 10 .venv/bin/python -m benchmarks.bench_recompute [--budget 0.01] [--quick]
         [--out benchmarks/results]
 prints the table; with --out, writes <out>/recompute.md.
 """
@@ -30,14 +30,10 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from recompute_models import REDIM_SIZES, ReDimNetStyle, SpecUNet, init_bn  # noqa: E402
-
-import inductor_pass  # noqa: E402,F401  (registers the backend)
-from inductor_pass import PassConfig, make_backend  # noqa: E402
-from inductor_pass.report import clear_reports, reports  # noqa: E402
+import inductor_pass  # noqa: F401  (registers the backend)
+from benchmarks.recompute_models import REDIM_SIZES, ReDimNetStyle, SpecUNet, init_bn
+from inductor_pass import PassConfig, make_backend
+from inductor_pass.report import clear_reports, reports
 
 try:
     import torchvision  # noqa: F401

@@ -1,6 +1,6 @@
 """Per-call cost of many tiny checkpointed segments, torch_replay vs torch (CPU).
 
-    python benchmarks/bench_small_calls.py [--calls 2000] [--reps 7] [--out FILE.md]
+    python -m benchmarks.bench_small_calls [--calls 2000] [--reps 7] [--out FILE.md]
 
 The workload of PyTorch's own ``test_checkpointing`` / ``test_checkpointing_without_reentrant``
 tests: ``calls`` segments of Linear(10, 1000) - ReLU - Linear(1000, 10) on one row each,
@@ -16,15 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as tcp
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import torch_replay as tr  # noqa: E402
+import torch_replay as tr
+from benchmarks.cli import add_out_quick, emit
 
 
 def one_rep(module, data, ckpt, reentrant: bool) -> float:
@@ -68,7 +67,7 @@ def run(calls: int, reps: int) -> list[dict]:
 
 def markdown(rows: list[dict], calls: int, reps: int) -> str:
     lines = [
-        f"Command: `python benchmarks/bench_small_calls.py --calls {calls} --reps {reps}`",
+        f"Command: `python -m benchmarks.bench_small_calls --calls {calls} --reps {reps}`",
         "",
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads; "
         f"{calls} calls of Linear(10,1000)-ReLU-Linear(1000,10) on one row, forward + backward, "
@@ -91,14 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--calls", type=int, default=2000, help="segments per repetition")
     p.add_argument("--reps", type=int, default=7, help="measured repetitions (plus a warm-up)")
-    p.add_argument("--out", default=None, help="write the Markdown table here")
+    add_out_quick(p, quick=None)
     a = p.parse_args(argv)
     md = markdown(run(a.calls, a.reps), a.calls, a.reps)
-    print(md)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(md)
-    return 0
+    return emit(md, a.out)
 
 
 if __name__ == "__main__":

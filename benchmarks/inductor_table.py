@@ -143,7 +143,7 @@ def render(rows, failures, started, done, tv_info, commands=None, wall_s=None):
         "`bound` = min-cut lower bound on any order of the chosen program, `cert` = ours equals "
         "it; `rewrite meas` = measured peak of the pass's own rewrite with its best order "
         "(deployed or not); `regen` = the pass's better order fed back to Inductor's scheduler and "
-        "regenerated (`inductor_pass/regenerate.py`): predicted (the pass's modelled peak of "
+        "regenerated (`benchmarks/regenerate.py`): predicted (the pass's modelled peak of "
         "that order) / measured, `-` where the pass found no better order.",
         "",
         "| mode | model | graph | units | default | reorder off | program | ours | saving | "

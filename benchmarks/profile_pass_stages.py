@@ -1,14 +1,16 @@
 """Where the ``torch_replay`` backend spends a cold compile: time and peak RSS per stage.
 
 One process, one model, an empty ``TORCHINDUCTOR_CACHE_DIR`` unless one is set:
-prints, for each stage of the backend as it runs (the inner compile with the
+prints, for each step of the backend as it ends (the inner compile with the
 program variants, each graph's first-call pass and its profile / search /
 decide stages, the variant choice), its wall time and the process's peak RSS
-(``VmHWM``) and RSS before and after, then each graph's report line. For the
-end-to-end ratios against plain Inductor use ``benchmarks/bench_compile.py``.
+(``VmHWM``) and RSS before and after, then each graph's report line. The steps
+come from the backend's compile observers (Note [Compile observers] in
+``inductor_pass/observe.py``); nothing is patched. For the end-to-end ratios
+against plain Inductor use ``benchmarks/bench_compile.py``.
 
 Run:
-    nice -n 10 python benchmarks/profile_pass_stages.py --model tv:mobilenet_v2
+    nice -n 10 python -m benchmarks.profile_pass_stages --model tv:mobilenet_v2
         [--backend torch_replay|inductor] [--tv-size 64]
 (``tv:inference:vit_b_16`` for inference; ``tv:`` models need torchvision, the
 torch 2.14.1 environment; ``mlp`` / ``convnet`` / ``segment`` run anywhere.)
@@ -18,15 +20,13 @@ Prints only.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from inductor_pass.observe import CompileObserver, observing
+
+_INDENT = {"inner compile": "", "first-call pass": ""}
 
 
 def _mem() -> dict[str, int]:
@@ -39,24 +39,23 @@ def _mem() -> dict[str, int]:
     return out
 
 
-def _timed(owner, name: str, label: str) -> None:
-    fn = getattr(owner, name)
+class StagePrinter(CompileObserver):
+    """Prints each backend step's wall time and RSS as it ends."""
 
-    @functools.wraps(fn)
-    def timed(*args, **kwargs):
-        before, t0 = _mem(), time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            after = _mem()
-            print(
-                f"{label:30s} {time.perf_counter() - t0:7.1f} s  peak RSS "
-                f"{before['VmHWM']} -> {after['VmHWM']} MiB  RSS {before['VmRSS']} -> "
-                f"{after['VmRSS']} MiB",
-                flush=True,
-            )
+    def __init__(self) -> None:
+        self.started: list[dict[str, int]] = []
 
-    setattr(owner, name, timed)
+    def span_start(self, name: str) -> None:
+        self.started.append(_mem())
+
+    def span_end(self, name: str, seconds: float) -> None:
+        before, after = self.started.pop(), _mem()
+        label = _INDENT.get(name, "  ") + name
+        print(
+            f"{label:30s} {seconds:7.1f} s  peak RSS {before['VmHWM']} -> {after['VmHWM']} "
+            f"MiB  RSS {before['VmRSS']} -> {after['VmRSS']} MiB",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -68,31 +67,17 @@ def main() -> None:
     os.environ["BENCH_COMPILE_TV_SIZE"] = str(args.tv_size)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="pass_stages_"))
     import torch
-    from bench_compile import _build
 
     import inductor_pass
-    from inductor_pass import backend, decide, first_call, rewrite, search, variants
+    from benchmarks.bench_compile import build_step
 
-    _timed(backend, "_inner_compile", "inner compile (with variants)")
-    _timed(backend, "_compile_variants", "  variant programs")
-    _timed(first_call.FirstCallPass, "_run_pass", "first-call pass (one graph)")
-    _timed(rewrite, "profile_program", "  profile stage")
-    _timed(rewrite, "search_program", "  search stage")
-    _timed(rewrite, "decide", "  decide stage")
-    _timed(variants, "choose", "  variant choice")
-    del decide, search
     torch.set_num_threads(1)
-    model, inputs, train = _build(args.model)
-    if not train:
-        model.eval()
+    model, step = build_step(args.model)
     print(f"start: {_mem()}", flush=True)
     f = torch.compile(model, backend=args.backend)
     t0 = time.perf_counter()
-    if train:
-        f(*inputs).float().pow(2).sum().backward()
-    else:
-        with torch.no_grad():
-            f(*inputs)
+    with observing(StagePrinter()):
+        step(f)
     print(f"first step {time.perf_counter() - t0:.1f} s, {_mem()}")
     for r in inductor_pass.reports():
         print(

@@ -2,7 +2,7 @@
 
 Issue 12 asks for a cold compile within 1.25x of Inductor's while every graph is
 also compiled as Inductor's ``reorder_for_peak_memory=False`` program (Note
-[Program variants] in ``inductor_pass/variants.py``). This script measures, in
+[Program variants] in ``inductor_pass/variants/choose.py``). This script measures, in
 one fresh process with an empty ``TORCHINDUCTOR_CACHE_DIR``:
 
 - per program (``default`` / ``variant``, told apart by the option's value at
@@ -24,44 +24,39 @@ one fresh process with an empty ``TORCHINDUCTOR_CACHE_DIR``:
   its reaped children (Inductor's compile workers are shut down first).
 
 ``--experiment`` changes how the variant is built (see
-``benchmarks/results/compile_tv.md`` for what each gave on the two-core machine):
+``benchmarks/results/compile_tv.md`` for what each gave on the two-core machine,
+including the experiments that led to Notes [Deferred variant kernels] and
+[Forked variant codegen], now part of the pass):
 
-- ``no-defer``: the variant's kernel wait where Inductor does it, at its module
-  load, instead of after the default program's code generation (Note
-  [Deferred variant kernels] in ``inductor_pass/backend.py``);
-- ``fork-codegen``: the variant's lowering and code generation run in a forked
-  child (one thread) while the parent compiles the default program; the parent
-  then loads the variant's source, compiling its kernels in its own pool;
+- ``no-fork``: the variant generated in this process (``PassConfig.fork_variants=False``)
+  instead of in a forked child;
 - ``variant-O0`` / ``variant-O1``: the variant's kernels compiled at -O0/-O1
-  (cheaper to build; would need a rebuild at -O3 when deployed);
-- ``subprocess``: Inductor's own out-of-process compile
-  (``_SubprocessFxCompile``), serialization only: prints whether Inductor can
-  send the graph to a subprocess at all.
+  (cheaper to build; would need a rebuild at -O3 when deployed).
+
+The pass's profiles come from its compile observers (Note [Compile observers] in
+``inductor_pass/observe.py``); nothing of the pass is patched. Inductor's own stages
+are timed by wrapping Inductor's functions (it has no observer of its own).
 
 Run (torchvision models need the torch 2.14.1 environment):
-    TORCH_REPLAY_NO_CUDA=1 OMP_NUM_THREADS=1 python benchmarks/profile_variant_cost.py \\
+    TORCH_REPLAY_NO_CUDA=1 OMP_NUM_THREADS=1 python -m benchmarks.profile_variant_cost \\
         --model tv:resnet18 [--backend inductor] [--experiment fork-codegen]
-Prints only. The experiments patch private Inductor functions of the torch they
-were written against (2.13 / 2.14); they are measurement aids, not product code.
+Prints only. The Inductor timers and the -O experiments wrap private Inductor
+functions of the torch they were written against (2.13 / 2.14); they are
+measurement aids, not product code.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import copy
 import functools
 import os
-import pickle
 import re
 import resource
-import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from inductor_pass.observe import CompileObserver, observing
 
 TIMES: dict[tuple[str, str], float] = collections.defaultdict(float)
 SOURCES: list[tuple[str, str]] = []
@@ -216,16 +211,13 @@ def _instrument() -> None:
         return codegen(self)
 
     scheduler.Scheduler.codegen = scheduler_codegen
-    from inductor_pass import rewrite
 
-    profile = rewrite.profile_program
 
-    def profile_program(*args, **kwargs):
-        out = profile(*args, **kwargs)
-        PROFILES.append(out)
-        return out
+class _Profiles(CompileObserver):
+    """The pass's profile of every program it runs (Note [Compile observers])."""
 
-    rewrite.profile_program = profile_program
+    def profiled(self, source, profiled) -> None:
+        PROFILES.append(profiled)
 
 
 def _kernel_bodies(source: str) -> list[str]:
@@ -234,80 +226,12 @@ def _kernel_bodies(source: str) -> list[str]:
 
 
 def _experiment(name: str) -> None:
-    import torch
-    from torch._inductor import config as inductor_config
+    import inductor_pass
 
-    from inductor_pass import backend
-
-    if name == "no-defer":  # the variant's kernel wait where Inductor does it
-        backend._install_wait_hook = lambda: False
-    elif name == "fork-codegen":
-        from inductor_pass import variants
-
-        pending: list = []
-
-        def compile_variants(gm, example_inputs, kw, config):
-            from torch._inductor import codecache
-            from torch._inductor.compile_fx import compile_fx_inner
-
-            for vname, patch in variants.flipped_options(config.variants):
-                gm_copy = copy.deepcopy(gm)
-                r, w = os.pipe()
-                pid = os.fork()
-                if pid == 0:  # child: lowering and codegen only, one thread
-                    os.close(r)
-                    torch.set_num_threads(1)
-
-                    class Source(Exception):
-                        pass
-
-                    def grab(key, path, *a, **k):
-                        with open(path) as f:
-                            raise Source(f.read())
-
-                    codecache.PyCodeCache.load_by_key_path = grab
-                    result = ("error", "no source")
-                    try:
-                        with inductor_config.patch({**patch, "fx_graph_cache": False}):
-                            compile_fx_inner(gm_copy, example_inputs, **kw)
-                    except BaseException as exc:
-                        e = exc
-                        while e is not None and not isinstance(e, Source):
-                            e = e.__cause__ or e.__context__
-                        result = ("ok", e.args[0]) if e is not None else ("error", repr(exc))
-                    with os.fdopen(w, "wb") as f:
-                        f.write(pickle.dumps(result))
-                    os._exit(0)
-                os.close(w)
-                pending.append((vname, pid, r))
-            return [], []
-
-        inner = backend._inner_compile
-
-        def inner_compile(gm, example_inputs, **kw):
-            from torch._inductor.codecache import PyCodeCache
-
-            out = inner(gm, example_inputs, **kw)
-            armed = getattr(out, "current_callable", None)
-            while pending:
-                vname, pid, r = pending.pop()
-                with os.fdopen(r, "rb") as f:
-                    status, source = pickle.loads(f.read())
-                os.waitpid(pid, 0)
-                if status != "ok":
-                    NOTES.append(f"forked variant failed: {source}")
-                    continue
-                key, path = PyCodeCache.write(source)
-                lazy = backend.lazy_kernels(kw["_config"].variant_bound)
-                with inductor_config.patch(reorder_for_peak_memory=False), lazy:
-                    mod = PyCodeCache.load_by_key_path(key, path)
-                if isinstance(armed, backend.FirstCallPass):
-                    armed.variants.append((vname, source, mod.__dict__, mod.call, None))
-            return out
-
-        backend._compile_variants = compile_variants
-        backend._inner_compile = inner_compile
-    elif name in ("variant-O0", "variant-O1"):
+    if name == "no-fork":
+        inductor_pass.set_config(fork_variants=False)
+        return
+    if name in ("variant-O0", "variant-O1"):
         from torch._inductor import cpp_builder
 
         flags, level = cpp_builder._get_optimization_cflags, name[-2:]
@@ -319,24 +243,6 @@ def _experiment(name: str) -> None:
             return cflags, ldflags
 
         cpp_builder._get_optimization_cflags = optimization_cflags
-    elif name == "subprocess":
-        from torch._inductor.compile_fx import get_input_idxs_to_check
-        from torch._inductor.compile_fx_subproc import _SubprocessFxCompile
-
-        def compile_variants(gm, example_inputs, kw, config):
-            kw = dict(kw)
-            kw.setdefault("static_input_idxs", ())
-            checks = get_input_idxs_to_check(example_inputs, kw["static_input_idxs"])
-            with inductor_config.patch(
-                reorder_for_peak_memory=False, post_grad_custom_post_pass=None
-            ):
-                wire = _SubprocessFxCompile().serialize_compile(
-                    copy.deepcopy(gm), example_inputs, checks, kw
-                )
-            NOTES.append(f"Inductor's subprocess compile can take this graph: {wire is not None}")
-            return [], []
-
-        backend._compile_variants = compile_variants
     elif name != "none":
         raise SystemExit(f"unknown experiment {name!r}")
 
@@ -349,31 +255,26 @@ def main() -> None:
     ap.add_argument(
         "--experiment",
         default="none",
-        choices=("none", "no-defer", "fork-codegen", "variant-O0", "variant-O1", "subprocess"),
+        choices=("none", "no-fork", "variant-O0", "variant-O1"),
     )
     args = ap.parse_args()
     os.environ["BENCH_COMPILE_TV_SIZE"] = str(args.tv_size)
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="variant_cost_"))
     t_start = time.perf_counter()
     import torch
-    from bench_compile import _build
     from torch._inductor.async_compile import shutdown_compile_workers
 
     import inductor_pass
+    from benchmarks.bench_compile import build_step
 
     _instrument()
     _experiment(args.experiment)
     torch.set_num_threads(1)
-    model, inputs, train = _build(args.model)
-    if not train:
-        model.eval()
+    model, step = build_step(args.model)
     f = torch.compile(model, backend=args.backend)
     t0 = time.perf_counter()
-    if train:
-        f(*inputs).float().pow(2).sum().backward()
-    else:
-        with torch.no_grad():
-            f(*inputs)
+    with observing(_Profiles()):
+        step(f)
     step = time.perf_counter() - t0
     shutdown_compile_workers()
     own = resource.getrusage(resource.RUSAGE_SELF)

@@ -39,22 +39,22 @@ class PassConfig:
     variants: tuple[str, ...] = ("reorder_for_peak_memory",)
     """Boolean Inductor options to flip, one at a time, to compile alternative programs of
     each graph; the lowest byte-exact one is deployed (Note [Program variants] in
-    ``inductor_pass/variants.py``). ``()``: only Inductor's default program."""
+    ``inductor_pass/variants/choose.py``). ``()``: only Inductor's default program."""
     variant_bound: bool = True
     """Build a variant's C++ kernels only when needed, and skip a variant whose lower bound,
     from its source and the default program's profile, is not below the default's deployed
-    peak (Note [Variant bound] in ``inductor_pass/variant_bound.py``). False: every variant
+    peak (Note [Variant bound] in ``inductor_pass/variants/bound.py``). False: every variant
     is built while the default compiles and run through the pass."""
     fork_variants: bool = True
     """Generate variant programs in a forked child while the default program compiles (Linux,
     CPU graphs, CUDA not initialized; Note [Forked variant codegen] in
-    ``inductor_pass/variant_fork.py``). False: in the compiling thread, before the default."""
+    ``inductor_pass/variants/fork.py``). False: in the compiling thread, before the default."""
     decision_cache: bool = True
     """Cache each graph's decision on disk, keyed by the wrapper's source, the pass and
-    the call (Note [Decision cache] in ``inductor_pass/decision_cache.py``)."""
+    the call (Note [Decision cache] in ``inductor_pass/runtime/decision_cache.py``)."""
     recompute: bool = False
     """Selective recomputation after the chosen order (Note [Recomputation in the
-    wrapper] in ``inductor_pass/recompute.py``): free long-lived buffers early and
+    wrapper] in ``inductor_pass/stages/recompute.py``): free long-lived buffers early and
     re-emit the kernel chain that wrote them before a late use. Off by default."""
     recompute_budget: float = 0.01
     """Largest extra cost of the recomputed kernels, as a fraction of the graph's

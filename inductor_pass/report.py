@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-__all__ = ["GraphReport", "reports", "clear_reports", "record", "dump"]
+__all__ = ["GraphReport", "reports", "clear_reports", "failed", "record", "dump"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -31,13 +31,13 @@ class GraphReport:
     """Tensor inputs of the graph."""
     owned_inputs: int = 0
     """Inputs the call owns (freed at their last use, Note [Input ownership] in
-    ``inductor_pass/guard.py``); peaks count them from the start of the call."""
+    ``inductor_pass/stages/guard.py``); peaks count them from the start of the call."""
     measured_all_held_peaks: tuple[int, int] | None = None
     """(original, permuted) measured peaks when the caller holds every input
     (only measured when the call owns some)."""
     variant: str = "default"
     """The program deployed: Inductor's default one, or a variant (Note [Program
-    variants] in ``inductor_pass/variants.py``)."""
+    variants] in ``inductor_pass/variants/choose.py``)."""
     variants: dict[str, dict[str, object]] = field(default_factory=dict)
     """Per program (``default`` and each variant): modelled and measured peaks,
     lower bound, certificate and the pass's decision on it."""
@@ -168,6 +168,20 @@ def reports() -> list[GraphReport]:
 def clear_reports() -> None:
     """Forget the reports (tests)."""
     _REPORTS.clear()
+
+
+def failed(kind: str, source: str | None, exc: BaseException) -> GraphReport:
+    """The report of a graph the pass left unchanged because it raised ``exc`` (call it
+    in the ``except`` block: the notes keep the traceback)."""
+    import traceback
+
+    rep = GraphReport(
+        kind=kind,
+        original_source=source,
+        reason=f"left unchanged: pass failed ({type(exc).__name__}: {exc})",
+    )
+    rep.notes.append(traceback.format_exc(limit=6))
+    return rep
 
 
 def record(report: GraphReport, *, print_it: bool, dump_dir: str | None) -> None:

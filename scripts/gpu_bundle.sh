@@ -24,6 +24,7 @@
 # header of csrc/ inside the bundle and that the min-cut code compiles.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+set -a; . ./build.env; set +a  # the build, described once (C++ standards, flags, Boost)
 
 OUT="gpu_bundle"
 while [ $# -gt 0 ]; do
@@ -58,7 +59,7 @@ mapfile -t seeds < <(grep -rhoE '^\s*#\s*include\s*<boost/[^>]+>' csrc cuda \
 log "Boost seeds: ${seeds[*]}"
 deps="$(mktemp)"
 trap 'rm -f "$deps"' EXIT
-for std in c++17 c++20; do
+for std in "c++$CXX_STANDARD" "c++$CXX_STANDARD_TORCH_2_14"; do
   for src in $(grep -rlE '#\s*include\s*<boost/' csrc cuda); do
     g++ -std="$std" -M -Icsrc -Icuda "$src" 2>/dev/null | tr ' \\' '\n\n' \
       | grep -E "^$BOOST_SRC/boost/" | sed "s#^$BOOST_SRC/##" >>"$deps" || true
@@ -94,7 +95,7 @@ EOF
 
 # Check: every Boost header g++ reads now resolves inside the bundle.
 inc="$OUT/boost/include"
-for std in c++17 c++20; do
+for std in "c++$CXX_STANDARD" "c++$CXX_STANDARD_TORCH_2_14"; do
   for src in $(grep -rlE '#\s*include\s*<boost/' csrc cuda); do
     outside="$(g++ -std="$std" -M -I"$inc" -Icsrc -Icuda "$src" | tr ' \\' '\n\n' \
       | grep -E '/boost/' | grep -v "^$inc/" || true)"
@@ -102,10 +103,10 @@ for std in c++17 c++20; do
   done
 done
 for src in $(grep -rlE '#\s*include\s*<boost/' csrc cuda); do
-  g++ -std=c++17 -fsyntax-only -w -I"$inc" -Icsrc -Icuda "$src" \
+  g++ -std="c++$CXX_STANDARD" -fsyntax-only -w -I"$inc" -Icsrc -Icuda "$src" \
     || die "$src does not compile against the bundled Boost headers"
 done
-log "Boost: g++ -M resolves every header of csrc/ inside $inc (c++17, c++20); syntax check passed"
+log "Boost: g++ -M resolves every header of csrc/ inside $inc (c++$CXX_STANDARD, c++$CXX_STANDARD_TORCH_2_14); syntax check passed"
 
 # 2. GoogleTest sources (googletest + googlemock, with their CMake files).
 cp -r "$GTEST_SRC" "$OUT/googletest"

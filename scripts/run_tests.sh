@@ -5,6 +5,7 @@
 # GPU check's dry run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+set -a; . ./build.env; set +a  # the build, described once (C++ standards, flags, Boost)
 bash scripts/setup.sh
 PY="${TORCH_REPLAY_VENV:-.venv}/bin/python"
 BIN="$(dirname "$PY")"
@@ -26,8 +27,8 @@ ctest --test-dir build/cmake --output-on-failure -j "$JOBS"
 echo "== CUDA kernels (cuda/)"
 if command -v nvcc >/dev/null 2>&1; then
   mkdir -p build/cuda
-  nvcc -std=c++17 -O2 -c cuda/journal_kernels.cu -o build/cuda/journal_kernels.o
-  nvcc -std=c++17 -O2 -Icuda cuda/journal_kernels_test.cu build/cuda/journal_kernels.o \
+  nvcc -std="c++$CXX_STANDARD" "$OPT_LEVEL" -c cuda/journal_kernels.cu -o build/cuda/journal_kernels.o
+  nvcc -std="c++$CXX_STANDARD" "$OPT_LEVEL" -Icuda cuda/journal_kernels_test.cu build/cuda/journal_kernels.o \
     -o build/cuda/journal_kernels_test
   set +e
   build/cuda/journal_kernels_test

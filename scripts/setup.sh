@@ -59,7 +59,7 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)" 2>/dev
   fi
 fi
 stamp="$VENV/.torch_replay_installed"
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] \
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ build.env -nt "$stamp" ] \
    || ! "$PY" -m pip show -q torch_replay >/dev/null 2>&1; then
   log "installing the package (pip install --no-build-isolation -e .)"
   TORCH_REPLAY_SKIP_EXT=1 "$PY" -m pip install -q --no-build-isolation --no-deps -e .

@@ -24,3 +24,22 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo reset before and after: recompiling one code object with new shapes would
+    make dynamo mark them dynamic, and each test compiles its own graphs."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def no_decision_cache():
+    """The Inductor pass itself runs at every first call (the decision cache has its own
+    tests, ``tests/test_inductor_caches.py``)."""
+    from tests.inductor_support import pass_config
+
+    with pass_config(decision_cache=False):
+        yield

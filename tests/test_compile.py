@@ -15,38 +15,9 @@ import torch.utils.checkpoint as tcp
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_replay as tr
+from benchmarks.models import PreNormBlock, ResBlock
 
 from .reference import assert_bitwise
-
-
-class _Block(torch.nn.Module):
-    """A pre-norm transformer block (attention + MLP)."""
-
-    def __init__(self, d=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
-        self.qkv, self.out = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
-        self.fc1, self.fc2 = torch.nn.Linear(d, 4 * d), torch.nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, s, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, self.heads, -1).unbind(2)
-        a = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        x = x + self.out(a.transpose(1, 2).reshape(b, s, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-
-
-class _ResBlock(torch.nn.Module):
-    def __init__(self, c=8):
-        super().__init__()
-        self.c1, self.b1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
-        self.c2, self.b2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
-
-    def forward(self, x):
-        return F.relu(x + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
 
 
 class _Model(torch.nn.Module):
@@ -64,8 +35,8 @@ class _Model(torch.nn.Module):
 def _make(kind, ck, reentrant, blocks=6):
     torch.manual_seed(0)
     if kind == "transformer":
-        return _Model([_Block() for _ in range(blocks)], ck, reentrant), torch.randn(2, 8, 32)
-    return _Model([_ResBlock() for _ in range(4)], ck, reentrant), torch.randn(2, 8, 8, 8)
+        return _Model([PreNormBlock() for _ in range(blocks)], ck, reentrant), torch.randn(2, 8, 32)
+    return _Model([ResBlock() for _ in range(4)], ck, reentrant), torch.randn(2, 8, 8, 8)
 
 
 def _compiled_step(kind, ck, reentrant, backend="aot_eager", blocks=6):

@@ -1,4 +1,5 @@
-"""The import graph of ``torch_replay``: no cycle, and every module imports on its own.
+"""The import graphs of ``torch_replay`` and ``inductor_pass``: no cycle, no module using
+another's private names, and every module imports on its own.
 
 The graph is read from the source (``ast``): every ``import`` statement of a module,
 at any depth, so the lazy imports inside functions count as edges too (a lazy import
@@ -15,11 +16,16 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("torch_replay", "inductor_pass")
 
 # Cycles that live in files another change owns, each with what removes it. Listed
 # cycles are tolerated, not required: delete an entry once its cycle is gone.
 KNOWN_CYCLES: set[frozenset] = set()
+# Private names used across modules in files another change owns (same rule as above).
+KNOWN_PRIVATE_USES: set[str] = set()
 
 
 def _modules(package: Path) -> dict[str, tuple[Path, bool]]:
@@ -137,27 +143,87 @@ def test_finder_sees_a_lazy_circle_and_a_subpackage_init(tmp_path):
     assert find_cycles(import_graph(pkg)) == []
 
 
-def test_torch_replay_has_no_import_cycle():
-    cycles = find_cycles(import_graph(ROOT / "torch_replay"))
+def private_uses(package: Path) -> list[str]:
+    """``module: name`` for each private name a module takes from another module of ``package``.
+
+    A private name is one with a leading underscore (dunders excepted): ``from M import _x``,
+    and ``M._x`` where ``M`` is a module of the package bound by an import.
+    """
+    mods = _modules(package)
+    out = []
+
+    def private(attr: str) -> bool:
+        return attr.startswith("_") and not (attr.startswith("__") and attr.endswith("__"))
+
+    for name, (path, _) in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        aliases: dict[str, str] = {}  # local name -> module of the package
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    if sub in mods:
+                        aliases[a.asname or a.name] = sub
+                    elif node.module in mods and node.module != name and private(a.name):
+                        out.append(f"{name}: from {node.module} import {a.name}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in mods and a.asname:
+                        aliases[a.asname] = a.name
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in aliases
+                and aliases[node.value.id] != name
+                and private(node.attr)
+            ):
+                out.append(f"{name}: {aliases[node.value.id]}.{node.attr}")
+    return sorted(set(out))
+
+
+def test_private_use_finder_sees_both_forms(tmp_path):
+    pkg = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "_x = 1\ny = 2\n",
+            "pkg/b.py": "from pkg.a import _x, y\n",
+            "pkg/c.py": "def f():\n    from pkg import a\n    return a._x + a.y\n",
+            "pkg/d.py": "from pkg.a import y\nfrom pkg import a\nz = a.y + a.__name__\n",
+        },
+    )
+    assert private_uses(pkg) == ["pkg.b: from pkg.a import _x", "pkg.c: pkg.a._x"]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_import_cycle(package):
+    cycles = find_cycles(import_graph(ROOT / package))
     unexpected = [c for c in cycles if frozenset(c) not in KNOWN_CYCLES]
     assert not unexpected, (
-        "import cycles in torch_replay (each list is one strongly connected set of modules; "
+        f"import cycles in {package} (each list is one strongly connected set of modules; "
         "move what both sides need into a module both may import): " + repr(unexpected)
     )
 
 
-def test_every_module_imports_on_its_own():
-    # One fresh interpreter; before each module every torch_replay module is dropped from
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_uses_another_modules_private_names(package):
+    uses = [u for u in private_uses(ROOT / package) if u not in KNOWN_PRIVATE_USES]
+    assert not uses, f"private names used across modules of {package}: {uses}"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_every_module_imports_on_its_own(package):
+    # One fresh interpreter; before each module every module of the package is dropped from
     # sys.modules, so each import starts from nothing of the package (torch stays loaded).
-    names = [
-        n for n in _modules(ROOT / "torch_replay") if not n.endswith("__main__")
-    ]  # __main__ runs a CLI
+    names = [n for n in _modules(ROOT / package) if not n.endswith("__main__")]  # a CLI
     script = textwrap.dedent(
         """
         import importlib, sys, traceback
+        package = sys.argv[1]
         failed = []
-        for name in sys.argv[1:]:
-            for m in [m for m in sys.modules if m == "torch_replay" or m.startswith("torch_replay.")]:
+        for name in sys.argv[2:]:
+            for m in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
                 if m != "torch_replay._C":
                     del sys.modules[m]
             try:
@@ -169,7 +235,7 @@ def test_every_module_imports_on_its_own():
         """
     )
     r = subprocess.run(
-        [sys.executable, "-c", script, *names],
+        [sys.executable, "-c", script, package, *names],
         cwd=ROOT,
         capture_output=True,
         text=True,

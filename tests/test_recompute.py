@@ -8,9 +8,7 @@ emitted program) for the chooser; the original Inductor program and plain
 from __future__ import annotations
 
 import itertools
-import os
 import random
-import sys
 import textwrap
 
 import pytest
@@ -18,15 +16,14 @@ import torch
 import torch.nn as nn
 
 import inductor_pass  # registers the torch_replay backend
-from inductor_pass import guard
-from inductor_pass import recompute as R
+from benchmarks.recompute_models import ReDimNetStyle, SpecUNet, init_bn
 from inductor_pass.config import PassConfig
+from inductor_pass.program.units import build_dependences, simulate, static_storages
+from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
 from inductor_pass.report import clear_reports, reports
-from inductor_pass.units import build_dependences, simulate, static_storages
-from inductor_pass.wrapper_ast import parse_wrapper, render_region
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
-from recompute_models import ReDimNetStyle, SpecUNet, init_bn  # noqa: E402
+from inductor_pass.stages import guard
+from inductor_pass.stages import recompute as R
+from inductor_pass.stages.recompute_choice import branch_and_bound, core_chooser
 
 _HEADER = """
 import torch
@@ -390,7 +387,7 @@ def _additive_peak(base, deltas, events, chosen):
 
 @pytest.mark.parametrize("use_core", [False, True], ids=["python", "c++"])
 def test_branch_and_bound_matches_enumeration(use_core):
-    if use_core and R._core_chooser() is None:
+    if use_core and core_chooser() is None:
         pytest.skip("the built extension predates choose_recomputation")
     rnd = random.Random(7)
     for _ in range(150):
@@ -414,7 +411,7 @@ def test_branch_and_bound_matches_enumeration(use_core):
                     continue
                 if sum(costs[i] for i in subset) <= budget:
                     best = min(best, _additive_peak(base, deltas, events, list(subset)))
-        peak, chosen = R._branch_and_bound(
+        peak, chosen = branch_and_bound(
             base, deltas, events, costs, budget, groups, use_core=use_core
         )
         assert peak == best == _additive_peak(base, deltas, events, chosen)

@@ -1,4 +1,4 @@
-"""The regeneration baseline (Note [Regeneration baseline] in inductor_pass/regenerate.py).
+"""The regeneration baseline (Note [Regeneration baseline] in benchmarks/regenerate.py).
 
 References: a brute-force check that the scheduler-order hook returns a
 topological order that follows the target wherever the target is legal, and
@@ -13,7 +13,8 @@ import itertools
 import torch
 
 import inductor_pass
-from inductor_pass import PassConfig, make_backend, regenerate
+from benchmarks import regenerate
+from inductor_pass import PassConfig, make_backend
 
 
 class _Node:

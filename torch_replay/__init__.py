@@ -28,6 +28,7 @@ from .errors import (
 )
 from .planned import PlannedSequential
 from .planner import Option, Plan, plan
+from .wrapper import apply_activation_checkpointing, checkpoint_wrapper
 
 __version__ = "0.1.0"
 
@@ -44,10 +45,12 @@ __all__ = [
     "StateMutationError",
     "UnsupportedReplayError",
     "__version__",
+    "apply_activation_checkpointing",
     "audit",
     "calibrate_model",
     "checkpoint",
     "checkpoint_sequential",
+    "checkpoint_wrapper",
     "config",
     "engine_bytes",
     "last_transaction",

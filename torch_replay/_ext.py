@@ -6,7 +6,7 @@ import importlib
 
 import torch  # noqa: F401  (loads libc10 / libtorch, which _C links against)
 
-__all__ = ["C", "require_extension"]
+__all__ = ["C", "engine_names", "require_extension"]
 
 _BUILD_HINT = (
     "the torch_replay C++ extension is not built (or was built against another torch). "
@@ -26,3 +26,13 @@ def require_extension():
     if C is None:
         raise ImportError(f"{_BUILD_HINT}\n(original error: {_IMPORT_ERROR})")
     return C
+
+
+def engine_names() -> tuple[str, ...]:
+    """The preservation engines' names, defined once in C++ (``csrc/core/preservation_engine.cpp``).
+
+    Returns:
+        The names in the engines' order (``"auto"`` first); ``()`` when the extension is
+        not built (every engine needs it, and :func:`require_extension` says how to build it).
+    """
+    return tuple(C.engine_names()) if C is not None else ()

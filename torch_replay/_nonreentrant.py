@@ -49,6 +49,22 @@ class _StopRecompute(Exception):
     pass
 
 
+class _Packed:
+    """An input of the segment as an outer saved-tensor hook packed it."""
+
+    __slots__ = ("packed", "requires_grad")
+
+    def __init__(self, packed: Any, requires_grad: bool) -> None:
+        self.packed = packed
+        self.requires_grad = requires_grad
+
+    def unpack(self, unpack_hook) -> torch.Tensor:
+        t = unpack_hook(self.packed)
+        if t.requires_grad != self.requires_grad:
+            t = t.detach().requires_grad_(self.requires_grad)
+        return t
+
+
 class _Frame:
     """Saved-tensor bookkeeping of one non-reentrant segment (as torch's
     ``_CheckpointFrame``), driving the segment's C++ Transaction on replay.
@@ -63,6 +79,8 @@ class _Frame:
     def __init__(self, txn, run, early_stop: bool, metadata_fn, child, gate):
         self.txn = txn
         self.run = run
+        self.saved_args: list[Any] = []
+        self.unpack_input = None
         self.child = child
         self.gate = gate
         self.early_stop = early_stop
@@ -76,6 +94,52 @@ class _Frame:
         )
         self.counter: defaultdict[Any, int] = defaultdict(int)
         self.done: defaultdict[Any, bool] = defaultdict(bool)
+
+    # Note [Inputs through outer hooks]
+    # As torch's _CheckpointFrame.save_inputs: the segment's positional tensor
+    # arguments, kept for the re-run, are packed by the saved-tensor hooks that
+    # surround the checkpoint (not the segment's own), so an outer hook
+    # (torch.autograd.graph.save_on_cpu, offload_wrapper, HF's offload=True) sees
+    # and packs exactly what it sees around torch's checkpoint, and the frame keeps
+    # no other reference to them. The re-run unpacks them first, outside the
+    # re-run's hooks and observer (torch's _checkpoint_hook.unpack_hook). Unlike
+    # torch, which keeps them as autograd SavedTensors, the hooks are called
+    # directly (under no_grad, as SavedVariable does): a SavedTensor's version
+    # check would refuse an input that the segment writes in place or that is
+    # declared state changed before backward, both of which the transaction
+    # handles (it restores or names them). Without outer hooks the inputs are kept
+    # as they are, which is what a hook-less SavedTensor does. An input the segment
+    # writes in place is kept itself once the forward is over (keep_written_inputs):
+    # the re-run must start from its forward-time bytes in its own storage, which the
+    # transaction restores and verifies; the hook's copy is dropped (torch re-runs on
+    # the copy; the gradient is the same).
+
+    def save_inputs(self, args) -> None:
+        hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if not hooks:
+            self.saved_args = list(args)
+            return
+        pack, self.unpack_input = hooks
+        with torch.no_grad():
+            self.saved_args = [
+                _Packed(pack(a), a.requires_grad) if isinstance(a, torch.Tensor) else a
+                for a in args
+            ]
+
+    def keep_written_inputs(self, args) -> None:
+        """After the forward: an input the segment wrote in place is state the re-run
+        restores and verifies in its own storage, so it is kept itself instead of the
+        outer hook's copy (which the hook packed, as with torch)."""
+        if self.unpack_input is None or not self.txn.has_writes:
+            return
+        for i, a in enumerate(args):
+            if isinstance(self.saved_args[i], _Packed) and self.txn.overwritten_later(a):
+                self.saved_args[i] = a
+
+    def get_inputs(self) -> list[Any]:
+        return [
+            a.unpack(self.unpack_input) if isinstance(a, _Packed) else a for a in self.saved_args
+        ]
 
     def pack(self, x: torch.Tensor) -> _Holder:
         holder = _Holder()
@@ -150,6 +214,7 @@ class _Frame:
         """Runs the segment again, saving what it saves for graph task ``gid``
         (``txn`` decides which saved bytes must be copied; ``observed`` is the
         transaction its operators are shown to). False if it stopped early."""
+        args = self.get_inputs()  # Note [Inputs through outer hooks]
         try:
             with (
                 torch.autograd.graph.saved_tensors_hooks(
@@ -158,9 +223,9 @@ class _Frame:
                 torch.enable_grad(),
             ):
                 if gate is None:
-                    self.run(observed)
+                    self.run(args, observed)
                 else:
-                    self.run(observed, gate)
+                    self.run(args, observed, gate)
         except _StopRecompute:
             return False
         return True
@@ -237,6 +302,20 @@ class _Frame:
             )
 
 
+class _InputNames:
+    """The segment's tensor arguments by weak reference, for naming them in errors
+    (``_naming._name_for_key`` iterates them) without keeping them alive (Note
+    [Inputs through outer hooks])."""
+
+    __slots__ = ("refs",)
+
+    def __init__(self, args) -> None:
+        self.refs = [weakref.ref(a) if isinstance(a, torch.Tensor) else None for a in args]
+
+    def __iter__(self):
+        return iter([r() if r is not None else None for r in self.refs])
+
+
 def _no_unpack(x):
     return x
 
@@ -274,17 +353,18 @@ def _checkpoint_nonreentrant(
     device_ctx = _device_context()
     gate = new_gate()
 
-    def run(t, g=gate):
+    def run(inputs, t, g=gate):
         # The observer sits below the user's modes (context_fn): selective
         # checkpointing's caching modes expect to be the current mode, and the
         # observer should see what really runs.
         with autocast(), device_ctx, _observer(t, g), recompute_ctx:
-            function(*args, **kwargs)
+            function(*inputs, **kwargs)
 
     frame = _Frame(txn, run, _early_stop(early_stop), metadata_fn, child, gate)
+    names = _InputNames(args)  # names arguments in errors without holding them
 
     def unpack(holder):
-        with _named_errors(function, args, kwargs):
+        with _named_errors(function, names, kwargs):
             if unpack_error_cb is None:
                 return frame.unpack(holder)
             try:
@@ -294,7 +374,10 @@ def _checkpoint_nonreentrant(
 
     leaves = _leaves(args) + (tree_flatten(kwargs)[0] if kwargs else [])
     tensor_args = [a for a in leaves if isinstance(a, torch.Tensor)]
-    txn.begin_forward(tensor_args, _rng_devices(args, preserve))
+    rng_devices = _rng_devices(args, preserve)
+    frame.save_inputs(args)  # under the outer hooks only (Note [Inputs through outer hooks])
+    txn.begin_forward(tensor_args, rng_devices)
+    del tensor_args, leaves
     suppressed = False
     try:
         with (
@@ -318,5 +401,6 @@ def _checkpoint_nonreentrant(
     except BaseException:
         txn.abort_forward()
         raise
+    frame.keep_written_inputs(args)
     frame.forward_completed = True
     return out

@@ -18,17 +18,12 @@ import torch.utils.checkpoint as _tcp
 from torch.utils._pytree import tree_flatten
 
 from . import fsdp as _fsdp
-from ._ext import C as _C_ext  # noqa: E402
-from ._ext import require_extension
+from ._ext import engine_names, require_extension
 from ._naming import _module_of, _named_errors, _root_module, _tensor_name  # noqa: F401
 from ._observe import DispatchModeObserver, Observer
 
 # The engine names, defined once in C++ (csrc/core/preservation_engine.cpp).
-ENGINES: tuple[str, ...] = (
-    tuple(_C_ext.engine_names())
-    if _C_ext is not None
-    else ("auto", "snapshot", "journal", "readset", "guard")  # unbuilt: for the error only
-)
+ENGINES: tuple[str, ...] = engine_names()
 
 
 @dataclass(kw_only=True, slots=True)

@@ -53,6 +53,7 @@ import time as _time
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass, field
 
+from torch_replay._ext import engine_names
 from torch_replay.errors import InfeasibleBudgetError
 
 __all__ = [
@@ -67,8 +68,9 @@ __all__ = [
     "plan_peak",
 ]
 
-OPTION_NAMES: tuple[str, ...] = ("eager", "snapshot", "journal", "readset", "guard")
-"""The option names, one per engine."""
+OPTION_NAMES: tuple[str, ...] = ("eager", *(e for e in engine_names() if e != "auto"))
+"""The option names: ``"eager"`` (no checkpoint) and one per preservation engine (their
+names come from C++, :func:`torch_replay._ext.engine_names`)."""
 
 OBJECTIVES: tuple[str, ...] = ("joint", "state_agnostic", "eager_whole")
 """The objectives :func:`plan` accepts."""

@@ -38,54 +38,11 @@ class StorageKeeper {
 
 }  // namespace
 
-namespace {
-
-const char* python_error_class(ErrorKind kind) {
-  switch (kind) {
-    case ErrorKind::kStateMutation:
-      return "StateMutationError";
-    case ErrorKind::kRngMismatch:
-      return "RngMismatchError";
-    case ErrorKind::kUnsupported:
-      return "UnsupportedReplayError";
-    case ErrorKind::kOverlap:
-      return "OverlapError";
-    default:
-      return nullptr;
-  }
-}
-
-void translate(const ReplayException& e) {
-  const char* cls_name = python_error_class(e.kind());
-  if (cls_name == nullptr) {
-    PyErr_SetString(
-        e.kind() == ErrorKind::kInvalidArgument ? PyExc_ValueError
-                                                : PyExc_RuntimeError,
-        e.what());
-    return;
-  }
-  py::object cls = py::module_::import("torch_replay.errors").attr(cls_name);
-  py::object err = cls(e.what());
-  err.attr("storage_key") = py::int_(static_cast<uint64_t>(e.subject()));
-  PyErr_SetObject(cls.ptr(), err.ptr());
-}
-
-}  // namespace
 }  // namespace torch_replay::aten
 
 TORCH_REPLAY_BINDINGS(replay) {
   using namespace torch_replay;
   using namespace torch_replay::aten;
-  py::register_exception_translator([](std::exception_ptr p) {
-    try {
-      if (p) {
-        std::rethrow_exception(p);
-      }
-    } catch (const ReplayException& e) {
-      translate(e);
-    }
-  });
-
   py::class_<Transaction>(m, "Transaction")
       .def(
           py::init([](const std::string& engine,

@@ -1,5 +1,8 @@
 #include "aten/tensor_bytes.h"
 
+#include <ATen/SparseCsrTensorImpl.h>
+#include <ATen/SparseTensorImpl.h>
+
 #include <sstream>
 #include <vector>
 
@@ -46,6 +49,28 @@ bool observable(const at::Tensor& t) {
 bool declarable(const at::Tensor& t) {
   return t.defined() && t.layout() == at::kStrided && t.has_storage() &&
          !t.is_meta() && !t.unsafeGetTensorImpl()->is_wrapped_number();
+}
+
+bool sparse_parts(const at::Tensor& t, std::vector<at::Tensor>* parts) {
+  if (!t.defined()) {
+    return false;
+  }
+  const c10::Layout layout = t.layout();
+  if (layout == at::kSparse) {
+    auto* impl = static_cast<at::SparseTensorImpl*>(t.unsafeGetTensorImpl());
+    parts->push_back(impl->indices());
+    parts->push_back(impl->values());
+    return true;
+  }
+  if (layout == at::kSparseCsr || layout == at::kSparseCsc ||
+      layout == at::kSparseBsr || layout == at::kSparseBsc) {
+    auto* impl = static_cast<at::SparseCsrTensorImpl*>(t.unsafeGetTensorImpl());
+    parts->push_back(impl->compressed_indices());
+    parts->push_back(impl->plain_indices());
+    parts->push_back(impl->values());
+    return true;
+  }
+  return false;
 }
 
 RangeSet footprint_of(const at::Tensor& t, bool* exact) {

@@ -46,6 +46,29 @@ bool observable(const at::Tensor& t);
 // still without bytes (an empty buffer; Note [Storage-changing writes]).
 bool declarable(const at::Tensor& t);
 RangeSet footprint_of(const at::Tensor& t, bool* exact = nullptr);
+
+// Note [Sparse tensors]
+// A sparse tensor (COO, CSR, CSC, BSR, BSC) has no storage of its own: its
+// bytes are those of its strided parts (indices and values; compressed and
+// plain indices and values), which the sparse kernels read without the
+// dispatcher. So the Transaction sees an operator's sparse argument or
+// result as its parts (both observers pass the sparse tensor itself):
+//   * a sparse tensor the segment makes has parts it made;
+//   * a read of one that existed before the segment is a read of its parts.
+//     The user's handle on them (`a.values()`, `a.indices()`) is an alias
+//     with a version counter of its own, so an in-place change through it
+//     moves no counter the segment could watch: the parts' bytes are hashed
+//     at the first read and checked before the re-run (StateMutationError);
+//     with detect="preserve" they are journaled like any read;
+//   * a write to one that existed before the segment is refused
+//     (UnsupportedReplayError): a sparse write may replace the parts (a new
+//     nnz) instead of writing them, and the re-run could not start again
+//     from the forward's.
+// Declared state must be strided (declare the parts).
+
+// Appends a sparse tensor's strided parts to `parts`; false (nothing
+// appended) for a strided tensor.
+bool sparse_parts(const at::Tensor& t, std::vector<at::Tensor>* parts);
 bool same_view(const at::Tensor& a, const at::Tensor& b);
 std::string describe(const at::Tensor& t);
 

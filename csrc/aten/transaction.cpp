@@ -1,6 +1,8 @@
 #include "aten/transaction.h"
 
 #include <ATen/Context.h>
+#include <ATen/SparseCsrTensorImpl.h>
+#include <ATen/SparseTensorImpl.h>
 
 #include <algorithm>
 #include <mutex>
@@ -271,6 +273,29 @@ void Transaction::before_op(
     const std::vector<bool>& returned) {
   TORCH_INTERNAL_ASSERT(tensors.size() == writes.size());
   TORCH_INTERNAL_ASSERT(returned.empty() || returned.size() == writes.size());
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.layout() != at::kStrided) {
+      std::vector<at::Tensor> parts;
+      std::vector<bool> part_writes, part_returned;
+      const StorageKey refused = expand_sparse(
+          tensors, writes, returned, &parts, &part_writes, &part_returned);
+      // (The accesses are recorded before the refusal: the operator may run
+      // anyway, and the rollback then restores what it wrote in place.)
+      before_op(parts, part_writes, random, generator, nested, part_returned);
+      if (refused != 0) {
+        fail(
+            static_cast<int>(ErrorKind::kUnsupported),
+            "the segment writes a sparse tensor that existed before it: a "
+            "sparse write may replace the tensor's indices and values "
+            "instead of writing them, and the re-run could not start again "
+            "from the forward's. Write a copy (t = t.clone() before the "
+            "segment, or out of place inside it), or keep that write outside "
+            "the checkpointed segment.",
+            refused);
+      }
+      return;
+    }
+  }
   const bool replay = phase_ == Phase::kReplay;
   require_phase(replay || phase_ == Phase::kForward, "observe an operator");
 
@@ -464,8 +489,62 @@ void Transaction::preserve_read(
   reads_engine_->access(key, ref, fp, Access::kRead);
 }
 
+StorageKey Transaction::expand_sparse(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    const std::vector<bool>& returned,
+    std::vector<at::Tensor>* parts,
+    std::vector<bool>* part_writes,
+    std::vector<bool>* part_returned) {
+  const bool forward = phase_ == Phase::kForward;
+  StorageKey refused = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const size_t first = parts->size();
+    if (!sparse_parts(tensors[i], parts)) {
+      parts->push_back(tensors[i]);
+    }
+    part_writes->resize(parts->size(), writes[i]);
+    part_returned->resize(parts->size(), returned.empty() || returned[i]);
+    if (!forward || first + 1 == parts->size()) {
+      continue;
+    }
+    for (size_t j = first; j < parts->size(); ++j) {
+      const at::Tensor& part = (*parts)[j];
+      if (!observable(part) || internal_.count(storage_key(part))) {
+        continue;
+      }
+      const StorageKey key = storage_key(part);
+      if (writes[i] && refused == 0) {
+        refused = key;
+        sparse_starts_.emplace_back(
+            tensors[i],
+            std::vector<at::Tensor>(parts->begin() + first, parts->end()));
+      }
+      if (!reads_engine_ && !declared_.count(key)) {
+        external_.emplace(key, part.storage().getWeakStorageImpl());
+        RangeSet all;
+        all.add(0, static_cast<int64_t>(part.storage().nbytes()));
+        sparse_reads_.add(key, ref_of(part.storage()), all);
+      }
+    }
+  }
+  return refused;
+}
+
 void Transaction::after_op(
     const std::vector<at::Tensor>& outputs, bool differentiable) {
+  for (const at::Tensor& t : outputs) {
+    if (t.defined() && t.layout() != at::kStrided) {
+      std::vector<at::Tensor> parts;
+      for (const at::Tensor& o : outputs) {
+        if (!sparse_parts(o, &parts)) {
+          parts.push_back(o);
+        }
+      }
+      after_op(parts, differentiable);
+      return;
+    }
+  }
   const bool replay = phase_ == Phase::kReplay;
   for (const auto& t : outputs) {
     if (!observable(t)) {
@@ -586,6 +665,24 @@ void Transaction::rollback() {
   for (auto it = reshaped_.rbegin(); it != reshaped_.rend(); ++it) {
     it->rollback();
   }
+  for (auto& [sparse, parts] : sparse_starts_) {
+    std::vector<at::Tensor> now;
+    sparse_parts(sparse, &now);
+    if (now.size() == parts.size() &&
+        std::equal(now.begin(), now.end(), parts.begin(), [](auto& a, auto& b) {
+          return a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl();
+        })) {
+      continue;
+    }
+    if (sparse.layout() == at::kSparse) {
+      static_cast<at::SparseTensorImpl*>(sparse.unsafeGetTensorImpl())
+          ->set_indices_and_values_unsafe(parts[0], parts[1]);
+    } else {
+      static_cast<at::SparseCsrTensorImpl*>(sparse.unsafeGetTensorImpl())
+          ->set_member_tensors(parts[0], parts[1], parts[2], sparse.sizes());
+    }
+  }
+  sparse_starts_.clear();
   generators_.set_start();
 }
 

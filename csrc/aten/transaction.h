@@ -250,6 +250,16 @@ class Transaction {
     return reshaped_keys_.count(key) > 0;
   }
   void preserve_read(const at::Tensor& t, StorageKey key, const RangeSet& fp);
+  // Note [Sparse tensors]: before_op's arguments with sparse tensors as their
+  // parts, the parts read hashed; returns the key of a pre-existing one it
+  // writes (to refuse), else 0.
+  StorageKey expand_sparse(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      const std::vector<bool>& returned,
+      std::vector<at::Tensor>* parts,
+      std::vector<bool>* part_writes,
+      std::vector<bool>* part_returned);
   void forward_access(
       const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
   void replay_access(
@@ -314,6 +324,10 @@ class Transaction {
   std::vector<ReshapeRecord> reshaped_;
   std::unordered_set<StorageKey> reshaped_keys_;
   std::vector<ReshapeRecord> reshape_pending_;  // until after_reshape
+  FootprintHashes sparse_reads_;  // parts of pre-existing sparse tensors read
+  // Pre-existing sparse tensors a refused write was about to change, with
+  // their parts: a rollback puts the parts back if the write replaced them.
+  std::vector<std::pair<at::Tensor, std::vector<at::Tensor>>> sparse_starts_;
   RegionStore implicit_;        // undeclared pre-existing storages written
   FootprintHashes end_hashes_;  // B_T of touched regions
 

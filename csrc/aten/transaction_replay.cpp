@@ -42,6 +42,21 @@ void Transaction::check_unchanged() const {
   for (const auto& w : reads_of_freed_) {
     check(w, "read");
   }
+  // Note [Sparse tensors]: their parts, by their bytes.
+  const StorageKey bad = sparse_reads_.first_mismatch([this](StorageKey key) {
+    auto it = external_.find(key);
+    return it == external_.end() ? StorageRef{} : resolve_weak(it->second);
+  });
+  if (bad != 0) {
+    fail(
+        static_cast<int>(ErrorKind::kStateMutation),
+        "a sparse tensor the checkpointed segment read was modified after the "
+        "forward (its values or indices changed, e.g. through t.values()), "
+        "so the re-run would compute different values. Do not modify it "
+        "before backward, pass a copy to the segment, or declare its parts "
+        "(values and indices) in state=.",
+        bad);
+  }
 }
 
 void Transaction::begin_replay() {
@@ -181,10 +196,22 @@ void Transaction::replay_access(
 }
 
 bool Transaction::restores(const at::Tensor& t) const {
+  std::vector<at::Tensor> parts;
+  if (sparse_parts(t, &parts)) {  // (Note [Sparse tensors])
+    return std::any_of(parts.begin(), parts.end(), [this](const auto& p) {
+      return restores(p);
+    });
+  }
   return observable(t) && live_.saved(storage_key(t)).bytes() > 0;
 }
 
 bool Transaction::overwritten_later(const at::Tensor& t) const {
+  std::vector<at::Tensor> parts;
+  if (sparse_parts(t, &parts)) {
+    return std::any_of(parts.begin(), parts.end(), [this](const auto& p) {
+      return overwritten_later(p);
+    });
+  }
   if (!observable(t)) {
     return false;
   }
@@ -272,6 +299,7 @@ void Transaction::release() {
     watching_writes_ = false;
   }
   implicit_.clear();
+  sparse_reads_.clear();
   live_.clear();
   reshape_pending_.clear();
   reshaped_.clear();

@@ -1,9 +1,8 @@
 #pragma once
 
 // The one exception type thrown by the torch-free core. The binding layer
-// (translate() in csrc/aten/bind_replay.cpp, translate_errors in
-// csrc/python/bindings.h) translates it into the Python error classes of
-// torch_replay.errors (design.md §5) by `kind`.
+// (the one translator, csrc/python/errors.cpp) translates it into the Python
+// error classes of torch_replay.errors (design.md §5) by `kind`.
 
 #include <cstdint>
 #include <stdexcept>

@@ -146,25 +146,21 @@ TORCH_REPLAY_BINDINGS(contract) {
       "generate_program",
       [](uint64_t seed, const py::kwargs& kw) {
         GeneratorOptions o = options_from(kw);
-        return translate_errors([&] { return generate_program(seed, o); });
+        return generate_program(seed, o);
       },
       py::arg("seed"),
       "A seeded random program; keyword options as GeneratorOptions.");
-  c.def("evaluate", [](const Program& p) {
-    return translate_errors([&] { return evaluate(p); });
-  });
+  c.def("evaluate", [](const Program& p) { return evaluate(p); });
   c.def("check_numeric", [](const Program& p) {
-    return as_dict(translate_errors([&] { return check_numeric(p); }));
+    return as_dict(check_numeric(p));
   });
-  c.def("check_bytes", [](const Program& p) {
-    return as_dict(translate_errors([&] { return check_bytes(p); }));
-  });
+  c.def(
+      "check_bytes", [](const Program& p) { return as_dict(check_bytes(p)); });
   c.def("check_engine", [](const Program& p, const std::string& engine) {
-    return as_dict(translate_errors(
-        [&] { return check_engine(p, parse_engine_kind(engine)); }));
+    return as_dict(check_engine(p, parse_engine_kind(engine)));
   });
   c.def("check_complex_step", [](const Program& p) {
-    return as_dict(translate_errors([&] { return check_complex_step(p); }));
+    return as_dict(check_complex_step(p));
   });
 }
 

@@ -29,9 +29,7 @@ std::unique_ptr<ParetoPlanner> make_planner(
       core[s].push_back({retained, transient, time});
     }
   }
-  return translate_errors([&] {
-    return std::make_unique<ParetoPlanner>(std::move(core), persistent);
-  });
+  return std::make_unique<ParetoPlanner>(std::move(core), persistent);
 }
 
 PlannerDominance parse_dominance(const std::string& name) {
@@ -92,8 +90,7 @@ TORCH_REPLAY_BINDINGS(planner) {
             settings.dominance = parse_dominance(dominance);
             settings.time_bound = time_bound;
             py::gil_scoped_release release;
-            return translate_errors(
-                [&] { return self.solve(budget, settings); });
+            return self.solve(budget, settings);
           },
           py::arg("budget"),
           py::arg("dominance") = "pareto",

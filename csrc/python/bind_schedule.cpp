@@ -18,14 +18,12 @@ namespace py = pybind11;
 namespace torch_replay::schedule {
 namespace {
 
-// Runs f with the GIL released and turns core errors into Python ones:
-// kInvalidArgument -> ValueError, anything else -> RuntimeError.
+// Runs f with the GIL released (core errors reach Python through the one
+// translator, csrc/python/errors.cpp).
 template <typename F>
 auto guarded(F&& f) -> decltype(f()) {
-  return python::translate_errors([&] {
-    py::gil_scoped_release release;
-    return f();
-  });
+  py::gil_scoped_release release;
+  return f();
 }
 
 py::dict lower_bounds(

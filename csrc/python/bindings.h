@@ -30,20 +30,9 @@ struct BinderRegistration {
   }
 };
 
-// Runs fn, turning the core's ReplayException into Python errors for
-// bindings that return plain values: bad input (kInvalidArgument) becomes
-// ValueError, anything else RuntimeError.
-template <typename Fn>
-auto translate_errors(Fn&& fn) -> decltype(fn()) {
-  try {
-    return fn();
-  } catch (const ReplayException& e) {
-    if (e.kind() == ErrorKind::kInvalidArgument) {
-      throw pybind11::value_error(e.what());
-    }
-    throw std::runtime_error(e.what());
-  }
-}
+// Registers the one translator of ReplayException into Python errors, by
+// kind, for every binding (csrc/python/errors.cpp); module.cpp calls it once.
+void register_error_translator();
 
 }  // namespace torch_replay::python
 

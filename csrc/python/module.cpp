@@ -15,6 +15,7 @@ std::map<std::string, Binder>& binder_registry() {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_replay C++ core";
+  torch_replay::python::register_error_translator();
   for (auto& [name, binder] : torch_replay::python::binder_registry()) {
     binder(m);
   }

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .._ext import require_extension
+from ..planner import OPTION_NAMES
 
 SUITES = ("numeric", "bytes", "engines", "complex-step", "alias-stress", "cohort")
 DEFAULT_SIZES = {
@@ -33,7 +34,8 @@ QUICK_SIZES = {
 }
 """Sizes of ``--quick`` (the small run)."""
 DEFAULT_SEEDS = {"cohort": 420000}
-REFERENCE_ENGINES = ("eager", "snapshot", "journal", "readset", "guard")
+REFERENCE_ENGINES = OPTION_NAMES
+"""The engines the reference interpreter runs: every planner option."""
 
 
 @dataclass(kw_only=True, slots=True)

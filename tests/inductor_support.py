@@ -1,0 +1,176 @@
+"""What the Inductor pass's tests share: one pass-config context manager, the models, and
+the independent references (plain Inductor's outputs, peaks measured around the user's call).
+
+The models are plain modules (no test code) so that the tests' subprocesses import them
+too (``from tests.inductor_support import ...`` with the repository on ``PYTHONPATH``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+import inductor_pass
+from inductor_pass.stages.guard import counting_window
+
+__all__ = [
+    "ConvNet",
+    "Mixer",
+    "SegmentNet",
+    "Summed",
+    "call_peak",
+    "mixer_and_input",
+    "pass_config",
+    "real_step",
+    "subprocess_env",
+]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@contextlib.contextmanager
+def pass_config(**changes: Any) -> Iterator[inductor_pass.PassConfig]:
+    """``inductor_pass.set_config(**changes)`` for the block, restored on exit."""
+    old = inductor_pass.set_config(**changes)
+    try:
+        yield inductor_pass.get_config()
+    finally:
+        inductor_pass.set_config(old)
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of a test's Python subprocess: this checkout first on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+class SegmentNet(nn.Module):
+    """Embedding, scatter-add into ``segments`` rows, then Linear (+ optional hidden layer)."""
+
+    def __init__(self, vocab, dim, segments, out, *, hidden=0, act="relu"):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.hidden = nn.Linear(dim, hidden) if hidden else None
+        self.lin = nn.Linear(hidden or dim, out)
+        self.segments = segments
+        self.act = act
+
+    def forward(self, ids, seg):
+        e = self.emb(ids)
+        pooled = torch.zeros(self.segments, e.shape[1], dtype=e.dtype).index_add(0, seg, e)
+        if self.hidden is not None:
+            pooled = torch.tanh(self.hidden(pooled))
+        y = self.lin(pooled)
+        y = torch.relu(y) if self.act == "relu" else torch.nn.functional.gelu(y)
+        return y.sum()
+
+
+class ConvNet(nn.Module):
+    """Conv-BN-ReLU blocks with a residual: training graphs with extern and C++ kernels."""
+
+    def __init__(self, width=8, blocks=2):
+        super().__init__()
+        self.stem = nn.Conv2d(3, width, 3, padding=1)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(
+                nn.Conv2d(width, width, 3, padding=1),
+                nn.BatchNorm2d(width),
+                nn.ReLU(),
+                nn.Conv2d(width, width, 3, padding=1),
+                nn.BatchNorm2d(width),
+            )
+            for _ in range(blocks)
+        )
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        for b in self.blocks:
+            x = torch.relu(x + b(x))
+        x = torch.nn.functional.max_pool2d(x, 2)
+        return self.head(x.mean((2, 3))).logsumexp(1).sum()
+
+
+class MixerBlock(nn.Module):
+    def __init__(self, tokens, dim, token_hidden, channel_hidden):
+        super().__init__()
+        self.n1 = nn.LayerNorm(dim)
+        self.n2 = nn.LayerNorm(dim)
+        self.tok = nn.Sequential(
+            nn.Linear(tokens, token_hidden), nn.GELU(), nn.Linear(token_hidden, tokens)
+        )
+        self.ch = nn.Sequential(
+            nn.Linear(dim, channel_hidden), nn.GELU(), nn.Linear(channel_hidden, dim)
+        )
+
+    def forward(self, x):
+        x = x + self.tok(self.n1(x).transpose(1, 2)).transpose(1, 2)
+        return x + self.ch(self.n2(x))
+
+
+class Mixer(nn.Module):
+    """MLP-Mixer: its inference graph peaks lower with ``reorder_for_peak_memory`` off."""
+
+    def __init__(self, depth=4, tokens=64, dim=128, token_hidden=64, channel_hidden=512):
+        super().__init__()
+        self.stem = nn.Linear(48, dim)
+        self.blocks = nn.Sequential(
+            *[MixerBlock(tokens, dim, token_hidden, channel_hidden) for _ in range(depth)]
+        )
+        self.head = nn.Linear(dim, 10)
+
+    def forward(self, x):
+        return self.head(self.blocks(self.stem(x)).mean(1))
+
+
+class Summed(nn.Module):
+    """``inner(x).sum()``: a scalar loss for a training step."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x).sum()
+
+
+def mixer_and_input() -> tuple[Mixer, torch.Tensor]:
+    """A seeded Mixer in eval mode and its input."""
+    torch.manual_seed(0)
+    return Mixer().eval(), torch.randn(16, 64, 48)
+
+
+def call_peak(model, x, backend) -> tuple[int, torch.Tensor]:
+    """Peak bytes of the second inference call, measured around it, and its output."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        f = torch.compile(model, backend=backend)
+        f(x)  # compiles; the pass runs here
+        with counting_window() as stats:
+            out = f(x)
+            peak = stats()["peak"]
+    return peak, out
+
+
+def real_step(model, inputs, backend) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
+    """Peak bytes of a real training step (the second; the first compiles and profiles),
+    measured around the user's calls, with its loss and gradients."""
+    torch._dynamo.reset()
+    m = copy.deepcopy(model)
+    f = torch.compile(m, backend=backend)
+    f(*inputs).backward()
+    m.zero_grad(set_to_none=True)
+    with counting_window() as stats:
+        loss = f(*inputs)
+        loss.backward()
+        peak = stats()["peak"]
+    grads = [p.grad.clone() for p in m.parameters()]
+    return peak, loss.detach(), grads

@@ -1,0 +1,221 @@
+"""torch_replay.integrations.transformers on tiny models built from their configs (no
+downloads). References: transformers' own checkpointing (torch.utils.checkpoint through
+``activation_checkpointing_enable``) where torch is right, bitwise (loss and every
+gradient, dropout on, same seed); eager (no checkpointing) where torch is wrong: a
+DeepSeek-V3 router bias moved before backward, Wav2Vec2-Conformer's BatchNorm."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
+
+import torch_replay as tr  # noqa: E402
+from benchmarks.integrations_stacks import (  # noqa: E402
+    VOCAB,
+    build_hf,
+    hf_loss,
+    hf_step,
+    hf_turn_on,
+    move_router_bias,
+)
+from tests.reference import assert_bitwise  # noqa: E402
+from torch_replay.checkpoint import collect_transactions  # noqa: E402
+from torch_replay.integrations import transformers as tr_hf  # noqa: E402
+
+SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "mixtral"])
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"use_reentrant": True}, {"every_n_layers": 2}],
+    ids=["plain", "reentrant", "every2"],
+)
+def test_bitwise_transformers_own_checkpointing(name, options):
+    l_t, g_t, b_t, _ = hf_step(name, "torch", **options)
+    l_r, g_r, b_r, segments = hf_step(name, "tr", **options)
+    assert segments == 4 // options.get("every_n_layers", 1)  # torch_replay ran each layer
+    assert torch.equal(l_r, l_t)
+    assert_bitwise(g_r, g_t)
+    assert_bitwise(b_r, b_t)
+
+
+def _max_diff(a, b):
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True) if x is not None)
+
+
+def test_deepseek_v3_router_bias_moved_before_backward_is_eager():
+    l_e, g_e, b_e, _ = hf_step("deepseek_v3", "none", between=move_router_bias)
+    _, g_t, _, _ = hf_step("deepseek_v3", "torch", between=move_router_bias)
+    l_r, g_r, b_r, _ = hf_step("deepseek_v3", "tr", between=move_router_bias)
+    assert _max_diff(g_t, g_e) > 1e-3  # torch re-routes with the new bias, silently
+    assert torch.equal(l_r, l_e)
+    assert_bitwise(g_r, g_e)
+    assert_bitwise(b_r, b_e)  # the moved bias stays moved
+
+
+def test_wav2vec2_conformer_batchnorm_updated_once():
+    l_e, g_e, b_e, _ = hf_step("conformer", "none")
+    _, _, b_t, _ = hf_step("conformer", "torch")
+    l_r, g_r, b_r, _ = hf_step("conformer", "tr")
+    assert not all(torch.equal(a, b) for a, b in zip(b_t, b_e, strict=True))  # torch: twice
+    assert torch.equal(l_r, l_e)
+    assert_bitwise(g_r, g_e)
+    assert_bitwise(b_r, b_e)
+
+
+def test_offload_frees_the_layer_inputs_as_transformers(monkeypatch):
+    """offload=True: each checkpointed layer's input is packed to a host copy, so the
+    activation between layers is freed, as with transformers' offload=True. (With no
+    accelerator, transformers pins on the CPU, which raises; an accelerator type is
+    given instead, whose save_on_cpu copies without pinning here.)"""
+    from transformers import modeling_utils
+
+    monkeypatch.setattr(modeling_utils, "get_current_accelerator", lambda: torch.device("cuda"))
+    freed = {}
+    for mode in ("torch", "tr"):
+        model = build_hf("llama")
+        model.train()
+        hf_turn_on(model, mode, offload=True)
+        refs = []
+        hook = model.model.layers[1].register_forward_pre_hook(
+            lambda m, args, kw, refs=refs: refs.append(weakref.ref(args[0])), with_kwargs=True
+        )
+        torch.manual_seed(5)
+        loss = hf_loss(model, "llama")
+        gc.collect()
+        freed[mode] = [r() is None for r in refs]
+        hook.remove()
+        loss.backward()
+        freed[mode + "-grads"] = [p.grad for p in model.parameters()]
+    assert freed["torch"] == freed["tr"] == [True]
+    assert_bitwise(freed["tr-grads"], freed["torch-grads"])
+
+
+def test_disable_and_layer_options():
+    model = build_hf("llama")
+    tr_hf.enable(model, every_n_layers=2, replay_engine="snapshot")
+    layers = tr_hf.layers(model)
+    assert [m.gradient_checkpointing for m in layers] == [True, False, True, False]
+    fn = layers[0]._gradient_checkpointing_func
+    assert fn.func is tr.checkpoint
+    assert fn.keywords["replay_state"] == [layers[0]] and fn.keywords["replay_engine"] == "snapshot"
+    tr_hf.enable(model, replay_state=None)
+    assert layers[1]._gradient_checkpointing_func.keywords["replay_state"] is None
+    tr_hf.disable(model)
+    assert not model.is_activation_checkpointing
+
+
+def test_clear_errors_and_model_unchanged():
+    model = build_hf("llama")
+    with pytest.raises(TypeError, match="replay_state="):
+        tr_hf.enable(model, state=[model])
+    with pytest.raises(ValueError, match="'layer'"):
+        tr_hf.enable(model, replay_state="module")
+    assert not model.is_activation_checkpointing
+
+    class NoCheckpointing(transformers.PreTrainedModel):
+        config_class = transformers.LlamaConfig
+        supports_gradient_checkpointing = False
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.lin = torch.nn.Linear(4, 4)
+
+    with pytest.raises(ValueError, match="does not support activation checkpointing"):
+        tr_hf.enable(NoCheckpointing(transformers.LlamaConfig(**SMALL)))
+
+
+def _trainer_params(mode, tmp_path):
+    model = build_hf("gpt2")
+    if mode == "tr":
+        tr_hf.enable(model)
+    gen = torch.Generator().manual_seed(11)
+    data = [{"input_ids": (ids := torch.randint(0, VOCAB, (16,), generator=gen)), "labels": ids}
+            for _ in range(4)]  # fmt: skip
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / mode), max_steps=2, per_device_train_batch_size=2,
+        activation_checkpointing=(mode == "torch"), report_to=[], save_strategy="no",
+        logging_strategy="no", use_cpu=True, seed=0, dataloader_num_workers=0,
+    )  # fmt: skip
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    return [p.detach().clone() for p in model.parameters()], model
+
+
+def test_trainer_two_steps_equal_transformers_own_checkpointing(tmp_path):
+    p_t, _ = _trainer_params("torch", tmp_path)
+    p_r, model = _trainer_params("tr", tmp_path)
+    assert tr_hf.layers(model)[0]._gradient_checkpointing_func.func is tr.checkpoint
+    assert_bitwise(p_r, p_t)
+
+
+def test_a_layer_that_does_not_call_the_installed_function_is_refused():
+    """A transformers whose layers stop calling _gradient_checkpointing_func: refused
+    before anything changes, rather than left with torch's checkpoint."""
+    model = build_hf("llama", layers=2)
+    layer_type = type(model.model.layers[0])
+
+    class Changed(layer_type):
+        pass
+
+    Changed.forward = layer_type.forward.__wrapped__  # the plain forward, unwrapped
+    for layer in model.model.layers:
+        layer.__class__ = Changed
+    with pytest.raises(tr.UnsupportedReplayError, match="_gradient_checkpointing_func"):
+        tr_hf.enable(model)
+    assert not model.is_activation_checkpointing
+
+
+def test_checkpoint_layers_exactly_the_chosen_ones():
+    """The per-layer step (for a planner): layers 1 and 2 of 4 checkpointed, the others
+    keep their activations; bitwise equal to transformers' checkpointing of the same
+    layers (its flags set by hand), and two segments run."""
+    results = {}
+    for mode in ("torch", "tr"):
+        model = build_hf("llama")
+        model.train()
+        chosen = tr_hf.layers(model)[1:3]
+        if mode == "torch":
+            model.activation_checkpointing_enable()
+            for layer in tr_hf.layers(model):
+                layer.gradient_checkpointing = layer in chosen
+        else:
+            tr_hf.checkpoint_layers(model, chosen)
+        torch.manual_seed(5)
+        with collect_transactions() as txns:
+            loss = hf_loss(model, "llama")
+        loss.backward()
+        results[mode] = (loss.detach(), [p.grad for p in model.parameters()], len(txns))
+    assert [m.gradient_checkpointing for m in tr_hf.layers(model)] == [False, True, True, False]
+    assert results["tr"][2] == 2
+    assert torch.equal(results["tr"][0], results["torch"][0])
+    assert_bitwise(results["tr"][1], results["torch"][1])
+    with pytest.raises(ValueError, match="not GradientCheckpointingLayers"):
+        tr_hf.checkpoint_layers(model, [model.lm_head])
+
+
+def test_assert_trains_like_eager_on_a_transformers_model():
+    """torch_replay.testing with transformers: the copy without checkpointing is made by
+    disabling transformers' checkpointing; torch's is caught, torch_replay's passes."""
+    from torch_replay.testing import assert_trains_like_eager
+
+    ids = torch.randint(0, VOCAB, (2, 16), generator=torch.Generator().manual_seed(3))
+
+    def loss_fn(m, b):
+        return m(input_ids=b, labels=b).loss
+
+    theirs = build_hf("deepseek_v3", layers=2)
+    theirs.train()
+    hf_turn_on(theirs, "torch")
+    with pytest.raises(AssertionError, match="step 1 of 2: gradient of"):
+        assert_trains_like_eager(theirs, ids, loss_fn, between=move_router_bias)
+    ours = build_hf("deepseek_v3", layers=2)
+    ours.train()
+    tr_hf.enable(ours)
+    assert_trains_like_eager(ours, ids, loss_fn, between=move_router_bias)

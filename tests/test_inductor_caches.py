@@ -1,0 +1,98 @@
+"""The caches (Note [Decision cache] in inductor_pass/runtime/decision_cache.py): a warm process
+reuses Inductor's caches and the pass's decisions, and deploys what the cold one did.
+
+References: the cold process's own outputs, gradients and measured peaks (bitwise), and
+AOTAutograd's cache counters.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from tests.inductor_support import subprocess_env
+
+_WARM = textwrap.dedent(
+    """
+    import json
+    import torch
+    import inductor_pass
+    from torch._dynamo.utils import counters
+    from tests.inductor_support import call_peak, mixer_and_input
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(64, 512)
+            self.b = torch.nn.Linear(64, 512)
+            self.h = torch.nn.Linear(512, 8)
+
+        def forward(self, x):
+            return self.h(torch.relu(self.a(x))) * self.h(torch.tanh(self.b(x)))
+
+    m = Branchy()
+    x = torch.randn(256, 64)
+    f = torch.compile(m, backend="torch_replay")
+    f(x).pow(2).sum().backward()
+    f(x).pow(2).sum().backward()  # the deployed program (if any) runs here
+    mixer, xm = mixer_and_input()
+    peak, out = call_peak(mixer, xm, "torch_replay")
+    print(json.dumps({
+        "aot_hits": counters["aot_autograd"]["autograd_cache_hit"],
+        "reports": [
+            {"kind": r.kind, "deployed": r.deployed, "notes": r.notes, "variant": r.variant}
+            for r in inductor_pass.reports()
+        ],
+        "grads": [p.grad.view(torch.int32).tolist() for p in m.parameters()],
+        "mixer": [peak, out.view(torch.int32).tolist()],
+    }))
+    """
+)
+
+
+def test_warm_process_reuses_caches_and_decisions(tmp_path):
+    env = subprocess_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", _WARM], capture_output=True, text=True, env=env, timeout=900
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["aot_hits"] == 0 and warm["aot_hits"] >= 1  # AOTAutograd's cache stays on
+    assert [r["kind"] for r in cold["reports"]] == ["forward", "backward", "inference"]
+    assert [(r["kind"], r["deployed"], r["variant"]) for r in warm["reports"]] == [
+        (r["kind"], r["deployed"], r["variant"]) for r in cold["reports"]
+    ]
+    # A variant chosen in the cold process is loaded from the cache and runs.
+    assert cold["mixer"] == warm["mixer"]
+    # Decisions gone, graphs still in AOTAutograd's cache: the variant programs
+    # (not recompiled on such a hit) are loaded from the pass's cache.
+    for dirpath, _, files in os.walk(tmp_path / "inductor" / "torch_replay_decisions"):
+        for name in files:
+            with open(os.path.join(dirpath, name)) as f:
+                if "decision" in json.load(f):
+                    os.remove(os.path.join(dirpath, name))
+    proc = subprocess.run(
+        [sys.executable, "-c", _WARM], capture_output=True, text=True, env=env, timeout=900
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    third = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert third["aot_hits"] >= 1
+    assert [r["variant"] for r in third["reports"]] == [r["variant"] for r in cold["reports"]]
+    for r in third["reports"]:
+        assert not any("decision from the pass's cache" in n for n in r["notes"])
+    assert third["mixer"] == cold["mixer"]
+    for r in cold["reports"]:
+        assert not any("decision from the pass's cache" in n for n in r["notes"])
+    for r in warm["reports"]:
+        assert any("decision from the pass's cache" in n for n in r["notes"])
+    assert cold["grads"] == warm["grads"]
+    assert os.listdir(tmp_path / "inductor" / "torch_replay_decisions")

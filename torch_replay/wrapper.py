@@ -1,0 +1,213 @@
+"""``tr.checkpoint_wrapper`` / ``tr.apply_activation_checkpointing``: torch.distributed's
+wrapper API (``torch.distributed.algorithms._checkpoint.checkpoint_wrapper``) with
+``tr.checkpoint`` inside.
+
+Note [Wrapper identity]
+FSDP (``fully_shard`` and FSDP1's state-dict code), Lightning's ``FSDPStrategy`` and
+accelerate look for torch's ``CheckpointWrapper`` (``isinstance``) and its prefix
+``_checkpoint_wrapped_module.`` to unwrap state dicts, and skip their own activation
+checkpointing when a model already holds one. So the wrapper here *is* a
+``CheckpointWrapper`` (a subclass that only changes the checkpoint function it is built
+with): torch's forward (keyword packing for the reentrant variant), ``__getattr__``,
+``named_parameters`` and state-dict hooks are inherited unchanged, and the state-dict
+keys are the unwrapped module's, as with torch's wrapper.
+
+The wrapped module is declared state by default (``replay_state="module"``): its
+buffers and parameters are preserved for the re-run (BatchNorm statistics,
+spectral-norm vectors, quantization observers, router biases), see
+``docs/replay_contract.md``. The module object itself is declared, so its tensors are
+collected on every call (FSDP2's sharded parameters by their local shard, Note [FSDP
+traffic] in ``fsdp.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    CheckpointWrapper,
+)
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    apply_activation_checkpointing as _torch_apply,
+)
+
+from .checkpoint import checkpoint
+
+__all__ = [
+    "ReplayCheckpointWrapper",
+    "apply_activation_checkpointing",
+    "checkpoint_modules",
+    "checkpoint_wrapper",
+    "resolve_state",
+]
+
+_OWN_KEYWORDS = ("state", "engine", "checkpoint_fn", "checkpoint_impl")
+
+
+def resolve_state(replay_state: Any, owner: torch.nn.Module, word: str) -> Any:
+    """The ``state=`` that ``replay_state`` means for ``owner``.
+
+    Args:
+        replay_state: ``word`` (``"module"`` or ``"layer"``: the owner itself), ``None``
+            (nothing declared), or an iterable of tensors, modules and generators
+            (declared as ``state=``).
+        owner: the wrapped module or layer.
+        word: the string that stands for ``owner``.
+
+    Returns:
+        ``[owner]``, ``None`` or ``replay_state`` itself.
+
+    Raises:
+        ValueError: another string.
+    """
+    if isinstance(replay_state, str):
+        if replay_state != word:
+            raise ValueError(
+                f"replay_state must be {word!r} (declare the {word} itself), None "
+                f"(declare nothing) or a list of tensors, modules and generators; got "
+                f"{replay_state!r}"
+            )
+        return [owner]
+    return replay_state
+
+
+class ReplayCheckpointWrapper(CheckpointWrapper):
+    """torch's ``CheckpointWrapper`` whose checkpoint function is ``tr.checkpoint``
+    (Note [Wrapper identity]); built by :func:`checkpoint_wrapper`."""
+
+    def __init__(
+        self,
+        mod: torch.nn.Module,
+        *,
+        use_reentrant: bool,
+        replay_state: Any,
+        replay_engine: str,
+        **checkpoint_kwargs: Any,
+    ) -> None:
+        impl = CheckpointImpl.REENTRANT if use_reentrant else CheckpointImpl.NO_REENTRANT
+        super().__init__(
+            mod,
+            impl,
+            checkpoint,
+            use_reentrant=use_reentrant,
+            replay_state=resolve_state(replay_state, mod, "module"),
+            replay_engine=replay_engine,
+            **checkpoint_kwargs,
+        )
+
+
+def checkpoint_wrapper(
+    module: torch.nn.Module,
+    *,
+    use_reentrant: bool = False,
+    replay_state: Any = "module",
+    replay_engine: str = "auto",
+    **checkpoint_kwargs: Any,
+) -> CheckpointWrapper:
+    """Wrap ``module`` so that every call runs through :func:`torch_replay.checkpoint`.
+
+    The twin of ``torch.distributed.algorithms._checkpoint.checkpoint_wrapper.
+    checkpoint_wrapper``: the result is an instance of torch's ``CheckpointWrapper``
+    with torch's state-dict keys, so FSDP, Lightning and accelerate recognise and
+    unwrap it (Note [Wrapper identity]).
+
+    Args:
+        module: the module to checkpoint.
+        use_reentrant: ``False`` (default, torch's ``CheckpointImpl.NO_REENTRANT``) or
+            ``True`` (``CheckpointImpl.REENTRANT``; keyword arguments of the module are
+            packed into positional ones as torch's wrapper does).
+        replay_state: ``"module"`` (default: the module's buffers and parameters are
+            declared state), ``None`` (nothing declared) or a list, as ``state=``.
+        replay_engine: the preservation engine (``engine=`` of ``tr.checkpoint``).
+        **checkpoint_kwargs: the other keywords of :func:`torch_replay.checkpoint`
+            (``preserve_rng_state``, ``context_fn``, ``determinism_check``, ``debug``,
+            ``early_stop``).
+
+    Returns:
+        The wrapped module (a :class:`ReplayCheckpointWrapper`).
+
+    Raises:
+        TypeError: ``checkpoint_fn`` / ``checkpoint_impl`` (the function is
+            ``tr.checkpoint``; use ``use_reentrant``) or ``state`` / ``engine`` (spelled
+            ``replay_state`` / ``replay_engine`` here).
+        ValueError: ``replay_state`` is a string other than ``"module"``.
+    """
+    _refuse_own_keywords(checkpoint_kwargs, "checkpoint_wrapper")
+    return ReplayCheckpointWrapper(
+        module,
+        use_reentrant=use_reentrant,
+        replay_state=replay_state,
+        replay_engine=replay_engine,
+        **checkpoint_kwargs,
+    )
+
+
+def apply_activation_checkpointing(
+    model: torch.nn.Module,
+    *,
+    check_fn: Callable[[torch.nn.Module], bool] = lambda _: True,
+    auto_wrap_policy: Callable[..., bool] | None = None,
+    **wrapper_kwargs: Any,
+) -> None:
+    """Wrap the submodules of ``model`` that ``check_fn`` (or ``auto_wrap_policy``)
+    selects with :func:`checkpoint_wrapper`, in place.
+
+    The twin of torch's ``apply_activation_checkpointing``, with the same selection
+    (torch's own function does the walk): the root is never wrapped, a policy takes
+    precedence over ``check_fn``.
+
+    Args:
+        model: the model, changed in place.
+        check_fn: called with each submodule; ``True`` wraps it.
+        auto_wrap_policy: an FSDP-style wrap policy (a callable or a ``_Policy``).
+        **wrapper_kwargs: keywords of :func:`checkpoint_wrapper` (``use_reentrant``,
+            ``replay_state``, ``replay_engine`` and the checkpoint keywords); a list
+            ``replay_state`` is declared for every wrapped module.
+
+    Returns:
+        None (``model`` is modified in place).
+
+    Raises:
+        TypeError, ValueError: as :func:`checkpoint_wrapper`, before ``model`` changes.
+    """
+    _refuse_own_keywords(wrapper_kwargs, "apply_activation_checkpointing")
+    resolve_state(wrapper_kwargs.get("replay_state", "module"), model, "module")  # check early
+    _torch_apply(
+        model,
+        checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, **wrapper_kwargs),
+        check_fn=check_fn,
+        auto_wrap_policy=auto_wrap_policy,
+    )
+
+
+def checkpoint_modules(
+    model: torch.nn.Module, modules: Iterable[torch.nn.Module], **wrapper_kwargs: Any
+) -> None:
+    """Wrap exactly ``modules`` (submodules of ``model``) with :func:`checkpoint_wrapper`
+    and leave every other module as it is (the per-layer step a planner applies).
+
+    Args:
+        model: the model, changed in place.
+        modules: the submodules to checkpoint.
+        **wrapper_kwargs: as :func:`apply_activation_checkpointing`.
+
+    Returns:
+        None.
+    """
+    chosen = {id(m) for m in modules}
+    apply_activation_checkpointing(model, check_fn=lambda m: id(m) in chosen, **wrapper_kwargs)
+
+
+def _refuse_own_keywords(kwargs: dict[str, Any], where: str) -> None:
+    for name in _OWN_KEYWORDS:
+        if name in kwargs:
+            hint = (
+                f"replay_{name}="
+                if name in ("state", "engine")
+                else "use_reentrant= (the checkpoint function is torch_replay.checkpoint)"
+            )
+            raise TypeError(f"torch_replay.{where}: {name}= is not taken here; use {hint}")
