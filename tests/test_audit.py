@@ -15,7 +15,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.utils.checkpoint as tcp
 
+import torch_replay as tr
 from torch_replay.audit import audit, main
+
+from .reference import assert_bitwise
 
 # ----------------------------------------------------------------- planted hazards
 
@@ -195,18 +198,20 @@ def test_audit_leaves_the_model_untouched():
     torch.manual_seed(0)
     m = Planted()
     x = torch.randn(4, 6, requires_grad=True)
+    m.pure.lin.weight.grad = torch.full_like(m.pure.lin.weight, 0.25)  # a pending .grad
+    grad = m.pure.lin.weight.grad
     before = {k: v.clone() for k, v in m.state_dict().items()}
+    versions = {k: v._version for k, v in m.state_dict(keep_vars=True).items()}
     rng = torch.get_rng_state()
+    gen = m.gens.gen.get_state()
     audit(m, x)
-    after = m.state_dict()
-    # The one observed step ran (its buffer updates happened once), the probes did not add.
-    torch.manual_seed(0)
-    ref = Planted()
-    ref.load_state_dict(before)
-    torch.set_rng_state(rng)
-    ref(x).sum().backward()
-    for k in before:
-        assert torch.equal(after[k], ref.state_dict()[k]), k
+    # Nothing of the observed step or of the probes stays: bytes, .grad, versions, RNG.
+    for k, v in m.state_dict(keep_vars=True).items():
+        assert torch.equal(v, before[k]) and v._version == versions[k], k
+    assert m.pure.lin.weight.grad is grad and torch.equal(grad, torch.full_like(grad, 0.25))
+    assert all(p.grad is None for n, p in m.named_parameters() if n != "pure.lin.weight")
+    assert x.grad is None
+    assert torch.equal(torch.get_rng_state(), rng) and torch.equal(m.gens.gen.get_state(), gen)
 
 
 def test_function_and_json_output():
@@ -217,9 +222,22 @@ def test_function_and_json_output():
         table.add_(1.0)
         return torch.tanh(x * w * table)
 
-    r = audit(fn, torch.randn(5, requires_grad=True))
+    x = torch.randn(5, requires_grad=True)
+    r = audit(fn, x)
     s = r["fn"]
-    assert "float32[5] tensor (captured)" in s.mutated_in_forward
+    assert "table (captured)" in s.mutated_in_forward  # named by the function's variable
+    assert torch.equal(table, torch.ones(5)) and w.grad is None  # left as it was
+    # The printed line runs as printed: eager's gradient and one update of the table.
+    line = s.code()
+    assert line == "tr.checkpoint(fn, x, use_reentrant=False, state=[table])"
+    x1 = x.detach().clone().requires_grad_()
+    eval(line, {"tr": tr, "fn": fn, "table": table, "x": x1}).sum().backward()
+    got = [x1.grad.clone(), w.grad.clone(), table.clone()]
+    table.fill_(1.0)
+    w.grad = None
+    x2 = x.detach().clone().requires_grad_()
+    fn(x2).sum().backward()
+    assert_bitwise(got, [x2.grad, w.grad, table])
     d = json.loads(r.to_json())
     assert d["segments"][0]["name"] == "fn"
     assert "torch.utils.checkpoint NOT exact" in str(r)

@@ -304,7 +304,7 @@ class _Frame:
 
 class _InputNames:
     """The segment's tensor arguments by weak reference, for naming them in errors
-    (``_segment._name_for_key`` iterates them) without keeping them alive (Note
+    (``_naming._name_for_key`` iterates them) without keeping them alive (Note
     [Inputs through outer hooks])."""
 
     __slots__ = ("refs",)
@@ -364,7 +364,7 @@ def _checkpoint_nonreentrant(
     names = _InputNames(args)  # names arguments in errors without holding them
 
     def unpack(holder):
-        with _named_errors(function, names):
+        with _named_errors(function, names, kwargs):
             if unpack_error_cb is None:
                 return frame.unpack(holder)
             try:

@@ -19,8 +19,8 @@ from torch.utils._pytree import tree_flatten
 
 from . import fsdp as _fsdp
 from ._ext import engine_names, require_extension
+from ._naming import _module_of, _named_errors, _root_module, _tensor_name  # noqa: F401
 from ._observe import DispatchModeObserver, Observer
-from .errors import ReplayError
 
 # The engine names, defined once in C++ (csrc/core/preservation_engine.cpp).
 ENGINES: tuple[str, ...] = engine_names()
@@ -107,13 +107,6 @@ def last_transaction():
 # ---------------------------------------------------------------------- state
 
 
-def _module_of(function) -> torch.nn.Module | None:
-    if isinstance(function, torch.nn.Module):
-        return function
-    owner = getattr(function, "__self__", None)
-    return owner if isinstance(owner, torch.nn.Module) else None
-
-
 def _state_tensors(state: Any) -> list[torch.Tensor]:
     """The tensors a declared state holds: tensors, modules' buffers and parameters,
     nested lists (per-segment state) flattened; generators and None skipped."""
@@ -144,7 +137,7 @@ def _collect_state(state, function):
             "state= must be an iterable of tensors, nn.Modules and torch.Generators; "
             f"got {type(state).__name__}"
         )
-    root = _module_of(function)
+    root = _root_module(function)
     paths = {id(m): p for p, m in root.named_modules()} if root is not None else {}
     for i, item in enumerate(state):
         if isinstance(item, torch.nn.Module):
@@ -178,69 +171,6 @@ def _collect_state(state, function):
 
 def _shard_word(local: torch.Tensor, declared: torch.Tensor) -> str:
     return ", local shard" if local is not declared else ""
-
-
-def _tensor_name(t: torch.Tensor, root: torch.nn.Module | None) -> str | None:
-    if root is None:
-        return None
-    for n, b in root.named_buffers():
-        if b is t:
-            return f"{n} (buffer)"
-    for n, p in root.named_parameters():
-        if p is t:
-            return f"{n} (parameter)"
-    return None
-
-
-def _name_for_key(key: int, function, args) -> str | None:
-    """Module path and buffer name (or argument position) of a storage key."""
-    C = require_extension()
-    root = _module_of(function)
-    if root is not None:
-        for n, b in root.named_buffers():
-            if b is not None and C.storage_key(b) == key:
-                return f"buffer '{n}' of {type(root).__name__}"
-        for n, p in root.named_parameters():
-            if C.storage_key(p) == key:
-                return f"parameter '{n}' of {type(root).__name__}"
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor) and a.layout == torch.strided and C.storage_key(a) == key:
-            return f"argument {i} of the segment"
-    return None
-
-
-def _enrich(exc: ReplayError, function, args) -> ReplayError:
-    key = getattr(exc, "storage_key", 0)
-    if not key:
-        return exc
-    name = _name_for_key(key, function, args)
-    if name is None or name in str(exc):
-        return exc
-    new = type(exc)(f"{exc} [tensor: {name}]")
-    new.storage_key = key
-    return new
-
-
-class _named_errors:  # noqa: N801  (used as a function-style context manager)
-    """Names the tensor a ReplayError raised inside the block is about (module path and
-    buffer name, or argument position). A class, not a generator: it is entered on every
-    saved-tensor unpack, where contextlib's generator costs several microseconds."""
-
-    __slots__ = ("function", "args")
-
-    def __init__(self, function, args) -> None:
-        self.function = function
-        self.args = args
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc is not None and isinstance(exc, ReplayError):
-            new = _enrich(exc, self.function, self.args)
-            if new is not exc:
-                raise new from None
-        return False
 
 
 # -------------------------------------------------------------------- helpers

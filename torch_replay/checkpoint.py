@@ -10,7 +10,6 @@ See Note [Replay protocol] in ``csrc/aten/transaction.h`` for the protocol and
 
 from __future__ import annotations
 
-import inspect
 import sys
 import warnings
 from collections.abc import Callable
@@ -20,6 +19,7 @@ import torch
 import torch.utils.checkpoint as _tcp
 
 from . import fsdp as _fsdp
+from ._naming import _accepts_keyword
 from ._nonreentrant import _checkpoint_nonreentrant, _metadata_fn
 from ._reentrant import _checkpoint_reentrant
 from ._segment import (  # noqa: F401  (the public names live on here)
@@ -63,21 +63,9 @@ __all__ = [
 _OPTIONS = (("state", "replay_state", None), ("engine", "replay_engine", "auto"))
 
 
-@constant_under_compile
-def _takes_keyword(function, name: str) -> bool | None:
-    """True if ``function`` has a parameter ``name`` that can be passed by
-    keyword, False if it certainly does not, None if it cannot tell."""
-    target = function.forward if isinstance(function, torch.nn.Module) else function
-    try:
-        sig = inspect.signature(target)
-    except (TypeError, ValueError):
-        return None
-    var_keyword = False
-    for p in sig.parameters.values():
-        if p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-            return True
-        var_keyword |= p.kind == p.VAR_KEYWORD
-    return None if var_keyword else False
+# Whether the function takes a keyword (defined beside the error naming, which respells
+# the options by it: Note [Naming in errors]); Dynamo treats the answer as a constant.
+_takes_keyword = constant_under_compile(_accepts_keyword)
 
 
 def _replay_options(function, kwargs: dict[str, Any]) -> tuple[Any, str]:
@@ -268,7 +256,7 @@ def checkpoint(
             )
         engine = "snapshot"
     txn = _new_transaction(state, function, engine, preserve, watch_reads)
-    with _named_errors(function, args):
+    with _named_errors(function, args, kwargs):
         if use_reentrant:
             return _checkpoint_reentrant(function, args, txn, preserve)
 

@@ -14,10 +14,12 @@ parameters mutated in forward, tensors read that are not inputs (and whether som
 writes them later: at the bytes read, or elsewhere in their storage), generators drawn from (default and explicit), storages aliased under
 different views or dtypes, overlapping writes, integer writes on gradient paths. The
 verdict says whether ``torch.utils.checkpoint`` would be exact and, if not, what goes wrong
-(a double update of state, or a wrong gradient), the ``torch_replay.checkpoint`` call to
-write (with its ``state=[...]``), which engine ``engine="auto"`` chooses and how many
-bytes it keeps (measured by running ``torch_replay.checkpoint`` on the segment; the model's
-state is put back afterwards). Operators are seen by a C++ recorder on the checkpoint
+(a double update of state, or a wrong gradient, measured by running the segment alone under
+eager and under ``torch.utils.checkpoint``: Note [Audit probe] in ``probe.py``), the
+``torch_replay.checkpoint`` call to write (with its ``state=[...]``, spelled
+``replay_state=`` where the segment takes ``**kwargs``), which engine ``engine="auto"``
+chooses and how many bytes it keeps. The model is left exactly as it was (bytes, ``.grad``,
+version counters, generators). Operators are seen by a C++ recorder on the checkpoint
 observer's facts and judged with its exact byte footprints (Note [Audit recorder] in
 ``csrc/aten/audit_recorder.h``), so the audit and ``torch_replay.checkpoint`` agree on what
 overlaps and what is written. Exit status: 0 when every segment is exact under
@@ -35,8 +37,11 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves
 
-from .observe import _Auditor, _default_loss, _probe_engine, _verdict
+from .._naming import _accepts_keyword, _held
+from .observe import _Auditor, _default_loss, _resolve_state, _verdict
+from .probe import _Snapshot, model_tensors, probe
 from .report import _OUTSIDE, _ROOT, AuditReport, SegmentAudit
 
 __all__ = ["AuditReport", "SegmentAudit", "audit", "main"]
@@ -59,14 +64,20 @@ def audit(
         segments: module paths of the candidate segments (``""`` is the whole module).
         loss_fn: maps the output to a scalar to differentiate (default: the sum of every
             output tensor that requires grad).
-        probe_engines: also run ``torch_replay.checkpoint`` on each segment to report the
-            engine ``auto`` chooses and its retained bytes (the state is put back after).
+        probe_engines: also run each segment alone under eager PyTorch,
+            ``torch.utils.checkpoint`` and ``torch_replay.checkpoint`` (Note [Audit probe]
+            in probe.py): the gradient error of each against eager, the engine ``auto``
+            chooses and its retained bytes.
 
     Returns:
         An :class:`AuditReport`; ``str(report)`` is readable, ``report.to_dict()`` is data.
 
     Raises:
         ValueError: a named segment does not exist, or the output cannot be differentiated.
+
+    The model is left exactly as it was: the bytes, ``.grad`` and version counters of
+    its parameters and buffers (and of the inputs and of the tensors a function holds),
+    and the default and the model's explicit generators.
 
     A ``RuntimeError`` raised by the model itself (for example torch refusing a raw
     overlapping copy) does not propagate: it is in ``report.error`` and the segments show
@@ -77,7 +88,8 @@ def audit(
 
 def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> AuditReport:
     root = module_or_fn if isinstance(module_or_fn, nn.Module) else None
-    a = _Auditor(root, example_inputs)
+    held = _held(module_or_fn, (nn.Module, torch.Tensor, torch.Generator)) if root is None else []
+    a = _Auditor(root, example_inputs, held)
     handles = []
     fns: dict[str, Callable] = {}
     if root is not None:
@@ -90,13 +102,16 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
             label = n or _ROOT
             fns[label] = m
 
-            def pre(mod, args, label=label):
-                a.enter(label, type(mod).__name__, args)
+            def pre(mod, args, kwargs, label=label):
+                a.enter(label, type(mod).__name__, args, kwargs)
 
             def post(mod, args, output):
                 a.leave(output)
 
-            handles.append(m.register_forward_pre_hook(pre))
+            # First in, last out: the module's own hooks (spectral norm's power
+            # iteration, an observer's) run inside the segment, as they do under a
+            # checkpoint of the module.
+            handles.append(m.register_forward_pre_hook(pre, prepend=True, with_kwargs=True))
             handles.append(m.register_forward_hook(post))
         target = type(root).__name__
         run = root
@@ -115,6 +130,10 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
                 a.leave(out)
 
         target = label
+    inputs = [t for t in tree_leaves(list(example_inputs)) if isinstance(t, torch.Tensor)]
+    tensors, modules = model_tensors(root, held, inputs)
+    gens = _generators(root) + [g for _, g in held if isinstance(g, torch.Generator)]
+    snap = _Snapshot(tensors, gens, modules)
     error = None
     try:
         with a.recording():
@@ -129,24 +148,43 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
             h.remove()
         while a.stack:
             a.leave()
-    a.analyse()
+        snap.restore()  # the model as it was: the observed step leaves nothing behind
     report = AuditReport(target=target, segments=[], error=error)
-    for name in a.order:
-        seg = a.segments[name]
-        verdict = _verdict(a, seg)
-        if error is not None:
-            verdict.needs_grad = True  # the forward did not finish: unknown, assume so
-        if not verdict.needs_grad:
-            verdict.torch_replay_error = "runs without grad: checkpointing does not apply"
-        elif probe_engines and error is None and not verdict.overlapping_writes:
-            _probe_engine(a, seg, fns[name], verdict, root)
-        elif verdict.overlapping_writes:
-            verdict.torch_replay_error = "OverlapError: raw overlapping write"
-        report.segments.append(verdict)
+    try:
+        a.analyse()
+        params = [t for t in snap.tensors if t.requires_grad and t.is_leaf]
+        for name in a.order:
+            seg = a.segments[name]
+            verdict = _verdict(a, seg)
+            fn = fns[name]
+            verdict.inputs, verdict.keywords = len(seg.first_args), sorted(seg.first_kwargs)
+            if _accepts_keyword(fn, "state") is not False:
+                verdict.state_keyword = "replay_state"
+            if error is not None:
+                verdict.needs_grad = True  # the forward did not finish: unknown, assume so
+            if not verdict.needs_grad:
+                verdict.torch_replay_error = "runs without grad: checkpointing does not apply"
+            elif probe_engines and error is None and not verdict.overlapping_writes:
+                state = _resolve_state(
+                    [s for s in verdict.state if not s.startswith("torch.default")], root, a
+                )
+                probe(fn, seg.first_args, seg.first_kwargs, state, verdict, snap, params)
+            elif verdict.overlapping_writes:
+                verdict.torch_replay_error = "OverlapError: raw overlapping write"
+            report.segments.append(verdict)
+    finally:
+        snap.restore()
     report.outside = sorted(
         {a.name_of(k) for k, ws in a.writes.items() if k in a.pre for *_, w in ws if w == _OUTSIDE}
     )
     return report
+
+
+def _generators(root: nn.Module | None) -> list[torch.Generator]:
+    """The explicit generators the model's modules hold as attributes."""
+    if root is None:
+        return []
+    return [v for m in root.modules() for v in vars(m).values() if isinstance(v, torch.Generator)]
 
 
 def _candidate_segments(root: nn.Module, prefix: str = "") -> list[str]:

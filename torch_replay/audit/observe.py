@@ -18,7 +18,7 @@ generators, and the start of the backward.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ import torch.nn as nn
 from torch.utils._pytree import tree_flatten, tree_leaves
 
 from .._ext import require_extension
+from .probe import _fresh
 from .report import _BACKWARD, _OUTSIDE, SegmentAudit, _cut
 
 # ------------------------------------------------------------------ observation
@@ -38,6 +39,7 @@ class _SegState:
     kind: str
     arg_keys: set = field(default_factory=set)
     first_args: tuple | None = None
+    first_kwargs: dict | None = None
     # [start, end) positions in the recorder's operator sequence, one per call.
     intervals: list = field(default_factory=list)
     grad_output: bool = False
@@ -56,7 +58,9 @@ class _SegState:
 class _Auditor:
     """Names what the model owns, marks segments, and analyses the recorder's tables."""
 
-    def __init__(self, root: nn.Module | None, inputs: Sequence[Any]) -> None:
+    def __init__(
+        self, root: nn.Module | None, inputs: Sequence[Any], held: Sequence[tuple] = ()
+    ) -> None:
         self.rec = require_extension().AuditRecorder()
         self.stack: list[tuple[_SegState, int]] = []  # (segment, interval index)
         self.segments: dict[str, _SegState] = {}
@@ -86,6 +90,22 @@ class _Auditor:
         for i, x in enumerate(tree_leaves(list(inputs))):
             if isinstance(x, torch.Tensor):
                 self._name(x, f"input[{i}]")
+        # What an audited function holds, under its variable names (Note [Naming in
+        # errors] in torch_replay/_naming.py): ``table (captured)``, ``net.lin.weight
+        # (captured)``, expressions in the caller's scope.
+        self.held_generators: dict[str, torch.Generator] = {}
+        for label, obj in held:
+            if label is None:
+                continue
+            if isinstance(obj, torch.Tensor):
+                self._name(obj, f"{label} (captured)")
+            elif isinstance(obj, torch.Generator):
+                self.gen_names.setdefault(obj._cdata, f"{label} (captured)")
+                self.held_generators[f"{label} (captured)"] = obj
+            else:
+                for n, t in [*obj.named_parameters(), *obj.named_buffers()]:
+                    if t is not None:
+                        self._name(t, f"{label}.{n} (captured)")
 
     def _name(self, t: torch.Tensor, name: str) -> None:
         k = self.rec.storage_id(t)
@@ -114,7 +134,7 @@ class _Auditor:
         self.backward_at = self.rec.position()
 
     # -- segments (module hooks, between operators; the recorder is paused meanwhile)
-    def enter(self, name: str, kind: str, args: tuple) -> None:
+    def enter(self, name: str, kind: str, args: tuple, kwargs: dict | None = None) -> None:
         self.rec.paused = True
         try:
             seg = self.segments.get(name)
@@ -122,13 +142,8 @@ class _Auditor:
                 seg = self.segments[name] = _SegState(name=name, kind=kind)
                 self.order.append(name)
             if seg.first_args is None:
-                seg.first_args = tuple(
-                    a.detach().clone().requires_grad_(a.requires_grad)
-                    if isinstance(a, torch.Tensor) and a.is_floating_point()
-                    else (a.detach().clone() if isinstance(a, torch.Tensor) else a)
-                    for a in args
-                )
-            for a in tree_leaves(list(args)):
+                seg.first_args, seg.first_kwargs = _fresh((tuple(args), dict(kwargs or {})))
+            for a in tree_leaves([list(args), dict(kwargs or {})]):
                 if isinstance(a, torch.Tensor):
                     k = self.rec.storage_id(a)
                     if k >= 0:
@@ -296,8 +311,6 @@ def _verdict(a: _Auditor, seg: _SegState) -> SegmentAudit:
         reasons.append(
             "raw overlapping writes (rejected by torch_replay, and by torch if it can tell)"
         )
-    if out.integer_writes_on_grad_path:
-        reasons.append("a float gradient through an integer write (unsupported)")
     out.reasons = reasons
     out.torch_checkpoint_exact = not reasons
 
@@ -325,57 +338,14 @@ def _resolve_state(names: list[str], root: nn.Module | None, a: _Auditor) -> lis
             m = root.get_submodule(path) if path else root
             state.append(getattr(m, attr))
             continue
+        if n in a.held_generators:
+            state.append(a.held_generators[n])
+            continue
         for k, name in a.names.items():
             if name == n:
                 state.append(a.tensors[k][0])
                 break
     return state
-
-
-def _probe_engine(
-    a: _Auditor, seg: _SegState, fn: Callable, out: SegmentAudit, root: nn.Module | None
-) -> None:
-    """Run torch_replay.checkpoint on the segment with the recommended state and read the
-    engine auto chose and its retained bytes; every tensor and generator is put back."""
-    from ..checkpoint import checkpoint, last_transaction
-    from ..errors import ReplayError
-
-    saved = {k: [t.detach().clone() for t in ts] for k, ts in a.tensors.items()}
-    grads = {k: [t.grad for t in ts] for k, ts in a.tensors.items()}
-    gens = [torch.get_rng_state()]
-    gen_objs = []
-    if root is not None:
-        for m in root.modules():
-            gen_objs += [v for v in vars(m).values() if isinstance(v, torch.Generator)]
-    gen_states = [g.get_state() for g in gen_objs]
-    state = _resolve_state([s for s in out.state if not s.startswith("torch.default")], root, a)
-    try:
-        with torch.enable_grad():
-            y = checkpoint(
-                fn, *seg.first_args, state=state or None, engine="auto", use_reentrant=False
-            )
-            txn = last_transaction()
-            if txn is None:  # nothing saved for backward: the transaction is gone
-                out.auto_engine, out.retained_bytes = "none (nothing saved)", 0
-            else:
-                out.auto_engine, out.retained_bytes = txn.engine, int(txn.retained_bytes)
-            leaves = [t for t in tree_flatten(y)[0] if isinstance(t, torch.Tensor)]
-            total = sum(t.float().sum() for t in leaves if t.requires_grad)
-            if isinstance(total, torch.Tensor):
-                total.backward()
-    except ReplayError as exc:
-        out.torch_replay_error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
-    except RuntimeError as exc:
-        out.torch_replay_error = f"RuntimeError: {str(exc).splitlines()[0]}"
-    finally:
-        with torch.no_grad():
-            for k, ts in a.tensors.items():
-                for t, s, g in zip(ts, saved[k], grads[k], strict=True):
-                    t.copy_(s)
-                    t.grad = g
-        torch.set_rng_state(gens[0])
-        for g, s in zip(gen_objs, gen_states, strict=True):
-            g.set_state(s)
 
 
 def _default_loss(out: Any) -> torch.Tensor:

@@ -57,6 +57,19 @@ class SegmentAudit:
     needs_grad: bool = True
     """False if no output of the segment required grad in the observed run (it ran under
     ``no_grad``, like a momentum encoder): checkpointing does not apply to it."""
+    torch_checkpoint_grad_error: float | None = None
+    """``max |grad - eager|`` of ``torch.utils.checkpoint`` on the segment alone, run by the
+    probe from the model's state before the audit (Note [Audit probe] in probe.py)."""
+    torch_replay_grad_error: float | None = None
+    """The same for ``torch_replay.checkpoint`` with the recommended state."""
+    state_keyword: str = "state"
+    """How ``torch_replay.checkpoint`` takes the state for this segment: ``"replay_state"``
+    when the segment would be handed ``state=`` itself (it takes ``**kwargs`` or a
+    parameter of that name; Note [Option spelling] in checkpoint.py)."""
+    inputs: int = 1
+    """How many positional arguments the segment was called with."""
+    keywords: list[str] = field(default_factory=list)
+    """The keyword arguments it was called with."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -86,7 +99,8 @@ class SegmentAudit:
 
         Args:
             root_var: the variable that holds the audited model.
-            input_var: the segment's input.
+            input_var: the segment's input; ``*args`` stands for its inputs when it takes
+                several, ``**kwargs`` for the keyword arguments it was called with.
 
         Returns:
             One line of Python, e.g. ``tr.checkpoint(model.head, x,
@@ -94,9 +108,11 @@ class SegmentAudit:
         """
         fn = _python_name(f"{self.name} (buffer)", root_var) if self.kind != "function" else None
         fn = fn or (root_var if self.name == "<root>" else self.name)
+        args = {0: "", 1: f", {input_var}"}.get(self.inputs, ", *args")
         state = self.code_state(root_var)
-        arg = f", state=[{', '.join(state)}]" if state else ""
-        return f"tr.checkpoint({fn}, {input_var}, use_reentrant=False{arg})"
+        arg = f", {self.state_keyword}=[{', '.join(state)}]" if state else ""
+        kwargs = ", **kwargs" if self.keywords else ""
+        return f"tr.checkpoint({fn}{args}, use_reentrant=False{arg}{kwargs})"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -137,7 +153,7 @@ class AuditReport:
         if self.error:
             lines.append(f"the model itself failed: {self.error}")
         lines.append("")
-        head = ("segment", "kind", "torch.utils.checkpoint", "declare in state=", "auto engine")
+        head = ("segment", "kind", "torch.utils.checkpoint", "state to declare", "auto engine")
         table = [head]
         for s in self.segments:
             verdict = "exact" if s.torch_checkpoint_exact else "NOT exact"
@@ -165,7 +181,7 @@ class AuditReport:
                 ("typed aliases", s.typed_aliases),
                 ("view aliases", s.view_aliases),
                 ("overlapping writes", s.overlapping_writes),
-                ("int writes on grad path", s.integer_writes_on_grad_path),
+                ("grad values into ints", s.integer_writes_on_grad_path),
             ]
             for label, items in rows:
                 if items:
@@ -180,6 +196,16 @@ class AuditReport:
                     lines.append(
                         f"  engine auto -> {s.auto_engine}, keeps {s.retained_bytes:,} bytes"
                     )
+            if s.torch_checkpoint_grad_error is not None:
+                lines.append(
+                    "  measured alone: max |grad - eager| = "
+                    f"{s.torch_checkpoint_grad_error:.2e} (torch.utils.checkpoint)"
+                    + (
+                        f", {s.torch_replay_grad_error:.2e} (torch_replay.checkpoint)"
+                        if s.torch_replay_grad_error is not None
+                        else ""
+                    )
+                )
         if self.outside:
             lines.append("\nwritten outside the segments: " + _cut(self.outside, 8))
         return "\n".join(lines)
@@ -201,7 +227,17 @@ def _cut(items: Sequence[str], limit: int) -> str:
 
 
 def _python_name(name: str, root_var: str = "model") -> str | None:
-    """``head.bn.running_mean (buffer)`` -> ``model.head.bn.running_mean``; None if not a path."""
+    """``head.bn.running_mean (buffer)`` -> ``model.head.bn.running_mean``, ``net.0.w
+    (captured)`` -> ``net[0].w``; None if not a path."""
+    if name.endswith(" (captured)"):
+        path = name[: -len(" (captured)")]
+        head, _, rest = path.partition(".")
+        expr = head + "".join(f"[{p}]" if p.isdigit() else f".{p}" for p in rest.split(".") if p)
+        try:
+            compile(expr, "<audit>", "eval")
+        except SyntaxError:
+            return None
+        return expr
     for suffix in (" (buffer)", " (parameter)", " (generator)"):
         if name.endswith(suffix):
             path = name[: -len(suffix)]
