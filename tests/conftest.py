@@ -43,3 +43,15 @@ def no_decision_cache():
 
     with pass_config(decision_cache=False):
         yield
+
+
+@pytest.fixture(params=["c++", "python"])
+def observer(request):
+    """Runs the test under each observer (Note [C++ observer]): the C++ one and its
+    reference, the TorchDispatchMode of torch_replay/_observe.py."""
+    import torch_replay as tr
+
+    old = tr.config.observer
+    tr.config.observer = request.param
+    yield request.param
+    tr.config.observer = old

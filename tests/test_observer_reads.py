@@ -40,14 +40,6 @@ def _segment(conv, buf):
     return fn
 
 
-@pytest.fixture(params=["c++", "python"])
-def observer(request):
-    old = tr.config.observer
-    tr.config.observer = request.param
-    yield request.param
-    tr.config.observer = old
-
-
 def _run(conv, reentrant, **options):
     """(eager's gradient, the checkpoint's gradient or the ReplayError it raised)."""
     buf = torch.linspace(0.5, 1.5, 12)

@@ -20,14 +20,6 @@ import torch_replay as tr
 from .reference import ALL_ENGINES, ENGINES_WRITING, REENTRANT
 
 
-@pytest.fixture(params=["c++", "python"])
-def observer(request):
-    old = tr.config.observer
-    tr.config.observer = request.param
-    yield request.param
-    tr.config.observer = old
-
-
 class Histogram(nn.Module):
     """Grows its own buffer by one slot per call (a buffer that starts empty)."""
 
