@@ -3,8 +3,8 @@
 Build knobs (environment variables, documented in README.md "Build knobs"):
   TORCH_REPLAY_DEBUG=1      compile with -O0 -g and assertions.
   TORCH_REPLAY_NO_CUDA=1    never build the CUDA kernels, even with a CUDA torch.
-  TORCH_REPLAY_ASAN=1       compile with AddressSanitizer (-O1 -g -fsanitize=address;
-                            run with LD_PRELOAD of libasan, see scripts/asan_sweep.sh).
+  TORCH_REPLAY_ASAN=1       compile with AddressSanitizer (build.env's ASAN_FLAGS; run
+                            with LD_PRELOAD of libasan, see scripts/asan_sweep.sh).
   TORCH_REPLAY_SKIP_EXT=1   register the package without building the extension
                             (scripts/setup.sh then builds it in place, incrementally).
   BOOST_ROOT=DIR            a Boost outside the compiler's search path (DIR/include).
@@ -71,7 +71,7 @@ def _extension():
     link = []
     if asan:
         cxx = [c for c in cxx if not c.startswith("-O")]
-        cxx += ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"]
+        cxx += BUILD["ASAN_FLAGS"].split()
         link = ["-fsanitize=address"]
     sources = (
         _sources("csrc/core/*.cpp") + _sources("csrc/aten/*.cpp") + _sources("csrc/python/*.cpp")

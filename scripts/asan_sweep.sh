@@ -19,6 +19,7 @@ cd "$(dirname "$0")/.."
 PY="${TORCH_REPLAY_VENV:-.venv}/bin/python"
 [ -x "$PY" ] || PY=/work/main/.venv/bin/python
 PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"
+set -a; . ./build.env; set +a  # the build, described once (ASAN_FLAGS, OPT_LEVEL)
 OUT="$PWD/build-asan"
 mkdir -p "$OUT"
 if [ "${ASAN_PARTIAL:-0}" = "1" ]; then
@@ -29,7 +30,7 @@ if [ "${ASAN_PARTIAL:-0}" = "1" ]; then
   NORMAL="$(ls -d build/temp.* | head -1)"
   [ -f "$NORMAL/build.ninja" ] || { echo "no normal build in build/temp.*"; exit 2; }
   cflags="$(sed -n 's/^cflags = //p' "$NORMAL/build.ninja")"
-  post="$(sed -n 's/^post_cflags = //p' "$NORMAL/build.ninja" | sed 's/-O3//g')"
+  post="$(sed -n 's/^post_cflags = //p' "$NORMAL/build.ninja" | sed "s/$OPT_LEVEL//g")"
   asan_sources="csrc/aten/op_observer.cpp csrc/aten/transaction.cpp
     csrc/aten/transaction_replay.cpp csrc/aten/tensor_bytes.cpp csrc/aten/byte_devices.cpp
     csrc/aten/generator_state.cpp csrc/aten/segment_function.cpp csrc/aten/bind_replay.cpp
@@ -41,7 +42,7 @@ if [ "${ASAN_PARTIAL:-0}" = "1" ]; then
   # shellcheck disable=SC2086
   printf '%s\n' $asan_sources | xargs -P "${MAX_JOBS:-1}" -I{} sh -c \
     'o="$OUT/partial/$(echo {} | tr / _).o"; [ "$o" -nt {} ] ||
-     c++ $cflags {} -o "$o" $post -O1 -g -fsanitize=address -fno-omit-frame-pointer'
+     c++ $cflags {} -o "$o" $post $ASAN_FLAGS'
   objs=""
   while IFS= read -r o; do
     rel="${o#"$NORMAL"/}"
