@@ -36,7 +36,9 @@ SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_
     [{}, {"use_reentrant": True}, {"every_n_layers": 2}],
     ids=["plain", "reentrant", "every2"],
 )
-def test_bitwise_transformers_own_checkpointing(name, options):
+def test_bitwise_transformers_own_checkpointing(name, options, one_thread):
+    # (one intra-op thread: a bitwise comparison must not depend on how the threads of
+    # a reduction were scheduled; GPT-2's case differed once in a run on a loaded machine)
     l_t, g_t, b_t, _ = hf_step(name, "torch", **options)
     l_r, g_r, b_r, segments = hf_step(name, "tr", **options)
     assert segments == 4 // options.get("every_n_layers", 1)  # torch_replay ran each layer
