@@ -4,6 +4,7 @@
 #include <ATen/Context.h>
 
 #include <algorithm>
+#include <optional>
 #include <sstream>
 #include <utility>
 
@@ -195,22 +196,32 @@ void Transaction::replay_access(
   }
 }
 
-bool Transaction::restores(const at::Tensor& t) const {
+namespace {
+
+// For a sparse tensor, whether `pred` holds for any of its strided parts
+// (Note [Sparse tensors]); nullopt for a strided tensor.
+template <typename Pred>
+std::optional<bool> any_sparse_part(const at::Tensor& t, Pred pred) {
   std::vector<at::Tensor> parts;
-  if (sparse_parts(t, &parts)) {  // (Note [Sparse tensors])
-    return std::any_of(parts.begin(), parts.end(), [this](const auto& p) {
-      return restores(p);
-    });
+  if (!sparse_parts(t, &parts)) {
+    return std::nullopt;
+  }
+  return std::any_of(parts.begin(), parts.end(), pred);
+}
+
+}  // namespace
+
+bool Transaction::restores(const at::Tensor& t) const {
+  if (auto any = any_sparse_part(t, [this](auto& p) { return restores(p); })) {
+    return *any;
   }
   return observable(t) && live_.saved(storage_key(t)).bytes() > 0;
 }
 
 bool Transaction::overwritten_later(const at::Tensor& t) const {
-  std::vector<at::Tensor> parts;
-  if (sparse_parts(t, &parts)) {
-    return std::any_of(parts.begin(), parts.end(), [this](const auto& p) {
-      return overwritten_later(p);
-    });
+  if (auto any = any_sparse_part(
+          t, [this](auto& p) { return overwritten_later(p); })) {
+    return *any;
   }
   if (!observable(t)) {
     return false;
