@@ -228,8 +228,9 @@ def test_without_preserve_the_same_queue_is_refused(reentrant, detect_level):
         y.sum().backward()
 
 
-def test_preserve_refuses_a_write_that_bypasses_the_dispatcher(detect_level):
+def test_preserve_refuses_a_write_that_bypasses_the_dispatcher(detect_level, monkeypatch):
     detect_level("preserve")
+    monkeypatch.setattr(tr.config, "verify", "bytes")  # (Note [Verification levels])
     head = MoCoHead()
     x = torch.randn(8, 16, requires_grad=True)
     y = tr.checkpoint(head, x, use_reentrant=False)
@@ -265,7 +266,8 @@ def test_preserve_keeps_parameters_it_only_reads_at_no_cost(detect_level):
     assert_bitwise(got, grads(x2, *clone.parameters()))
 
 
-def test_journal_refuses_a_write_that_bypasses_the_dispatcher():
+def test_journal_refuses_a_write_that_bypasses_the_dispatcher(monkeypatch):
+    monkeypatch.setattr(tr.config, "verify", "bytes")  # (Note [Verification levels])
     head = MoCoHead()
     x = torch.randn(8, 16, requires_grad=True)
     y = tr.checkpoint(head, x, use_reentrant=False, state=[head.queue], engine="journal")
@@ -447,3 +449,77 @@ def test_readme_usage_keeps_no_copy_of_parameters(reentrant):
     blocks.zero_grad()
     blocks(x).pow(2).sum().backward()
     assert_bitwise(got, grads(x, *blocks.parameters()))
+
+
+# ------------------------------------------ Note [Verification levels]: "dispatcher"
+
+
+@pytest.mark.parametrize("verify", ["dispatcher", "bytes"])
+@pytest.mark.parametrize(
+    "write",
+    [
+        pytest.param(lambda b: b.data.add_(1.0), id="data"),  # its own version counter
+        pytest.param(lambda b: b.view(torch.int32)[1].add_(1), id="int-view"),
+        pytest.param(
+            lambda b: torch.tensor([], dtype=b.dtype).set_(b.untyped_storage())[2].fill_(7.0),
+            id="set_-alias",
+        ),
+    ],
+)
+def test_guard_refuses_a_dispatcher_write_through_any_alias(write, verify, monkeypatch):
+    """The guard keeps nothing: a write made after the forward through any alias of
+    the declared storage is refused at both levels (without hashing at
+    "dispatcher": the write watch marks it), and the buffer is left as the write
+    left it. torch.utils.checkpoint gives a wrong gradient here, since the change
+    reaches no version counter the forward saw."""
+    monkeypatch.setattr(tr.config, "verify", verify)
+    torch.manual_seed(0)
+    m = ShiftBlock()
+    x = torch.randn(4, 8, requires_grad=True)
+    y = tr.checkpoint(m, x, state=[m], engine="guard", use_reentrant=False)
+    write(m.shift)
+    before = storage_bytes(m.shift)
+    with pytest.raises(tr.StateMutationError, match="guard"):
+        y.sum().backward()
+    assert storage_bytes(m.shift) == before
+
+
+@pytest.mark.parametrize("engine", ["guard", "journal", "auto", "readset", "snapshot"])
+def test_a_write_to_bytes_the_segment_did_not_read_is_not_a_change(engine):
+    """Marks are per byte range: the guard accepts a write to rows the forward never
+    read, and every engine gives eager's gradient."""
+    torch.manual_seed(0)
+    big = torch.randn(64)
+    x = torch.randn(8, requires_grad=True)
+    y = tr.checkpoint(
+        lambda a: torch.tanh(a * big[:8]), x, state=[big], engine=engine, use_reentrant=False
+    )
+    ref = torch.autograd.grad(torch.tanh(x * big[:8].clone()).sum(), x)[0]
+    big[32:].mul_(2.0)  # bytes the segment never read
+    y.sum().backward()
+    assert torch.equal(x.grad, ref)
+
+
+@pytest.mark.parametrize("verify", ["dispatcher", "bytes"])
+@pytest.mark.parametrize("engine", ["journal", "readset", "snapshot"])
+def test_a_rerun_writing_what_the_forward_only_read_is_verified(engine, verify, monkeypatch):
+    """The forward reads a declared buffer; the re-run (its control flow depends on a
+    Python flag the user flipped) writes it. The end state differs from the
+    forward's, so the re-run is refused at both levels (at "dispatcher" the bytes are
+    hashed just before the re-run writes them), and the buffer keeps its value."""
+    monkeypatch.setattr(tr.config, "verify", verify)
+    buf = torch.randn(8)
+    flag = {"write": False}
+
+    def seg(a):
+        if flag["write"]:
+            buf.mul_(2.0)
+        return a * buf
+
+    x = torch.randn(8, requires_grad=True)
+    y = tr.checkpoint(seg, x, state=[buf], engine=engine, use_reentrant=False)
+    flag["write"] = True
+    before = storage_bytes(buf)
+    with pytest.raises(tr.StateMutationError, match="reproduce"):
+        y.sum().backward()
+    assert storage_bytes(buf) == before

@@ -42,12 +42,26 @@ class ReplayConfig:
     old bytes of what it overwrites, so the re-run sees the forward's values
     without ``state=`` (copy-on-write, as ``engine="journal"`` for declared
     state). Writes that bypass the dispatcher (the memory of ``.numpy()``, raw
-    pointers) are still detected, by hashes, and raise ``StateMutationError``.
+    pointers) are detected, by hashes, with ``verify="bytes"``.
     While such a segment waits for its backward, every operator of the process
     pays the write watch (benchmarks/results/observer.md gives its cost).
     Inside ``torch.compile``, ``"preserve"`` treats a module segment's buffers as
     declared (Note [Checkpoint under torch.compile] in compiled.py); the other
     levels leave undeclared tensors to autograd's version check there."""
+
+    verify: str = os.environ.get("TORCH_REPLAY_VERIFY", "dispatcher")
+    """What proves that a re-run starts from the forward's bytes and reproduces its
+    end state (Note [Verification levels] in csrc/aten/transaction.h).
+    ``"dispatcher"`` (default): every write made through PyTorch's dispatcher (any
+    operator, in a segment or not, through any alias: ``.data``, views of other
+    dtypes, ``set_``) is seen, so declared state is journaled, marked or restored
+    from a copy without hashing it; only bytes the forward or the re-run write are
+    hashed. ``"bytes"``: also hash every declared (and, under ``detect="preserve"``,
+    preserved) byte the segment reads, in the forward and before the re-run, which
+    also catches writes that bypass the dispatcher (the memory of ``.numpy()``, a
+    raw pointer, a compiled kernel writing an input outside any segment) and
+    raises ``StateMutationError`` for them. Like torch's ``determinism_check``, it
+    is a check the user turns on; benchmarks/results/observer.md gives its cost."""
 
     observer: str = os.environ.get("TORCH_REPLAY_OBSERVER", "c++")
     """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
@@ -64,6 +78,7 @@ class ReplayConfig:
 
 config = ReplayConfig()
 _DETECT_LEVELS = ("saved", "reads", "preserve")
+_VERIFY_LEVELS = ("dispatcher", "bytes")
 _last_txn: weakref.ReferenceType | None = None
 
 
@@ -241,6 +256,7 @@ def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, l
         preserve_rng_state,
         watch_reads,
         preserve_reads=config.detect == "preserve" and config.observe,
+        verify_bytes=config.verify == "bytes",
     )
     if last:
         global _last_txn

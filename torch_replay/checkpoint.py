@@ -26,6 +26,7 @@ from ._segment import (  # noqa: F401  (the public names live on here)
     _DETECT_LEVELS,
     _USE_REENTRANT_WARNING,
     _USE_REENTRANT_WARNING_SEQUENTIAL,
+    _VERIFY_LEVELS,
     ENGINES,
     ReplayConfig,
     _collect_state,
@@ -210,6 +211,10 @@ def checkpoint(
     if config.detect not in _DETECT_LEVELS:
         raise ValueError(
             f"torch_replay.config.detect must be one of {_DETECT_LEVELS}, got {config.detect!r}"
+        )
+    if config.verify not in _VERIFY_LEVELS:
+        raise ValueError(
+            f"torch_replay.config.verify must be one of {_VERIFY_LEVELS}, got {config.verify!r}"
         )
     if config.observer not in ("c++", "python"):
         raise ValueError(

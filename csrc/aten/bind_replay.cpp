@@ -52,9 +52,11 @@ TORCH_REPLAY_BINDINGS(replay) {
                       std::vector<std::string> generator_names,
                       bool preserve_rng_state,
                       bool watch_reads,
-                      bool preserve_reads) {
+                      bool preserve_reads,
+                      bool verify_bytes) {
             TransactionOptions options;
             options.preserve_reads = preserve_reads;
+            options.verify_bytes = verify_bytes;
             options.engine = engine;
             options.preserve_rng_state = preserve_rng_state;
             options.watch_reads = watch_reads;
@@ -72,7 +74,8 @@ TORCH_REPLAY_BINDINGS(replay) {
           py::arg("generator_names"),
           py::arg("preserve_rng_state"),
           py::arg("watch_reads"),
-          py::arg("preserve_reads") = false)
+          py::arg("preserve_reads") = false,
+          py::arg("verify_bytes") = false)
       .def("begin_forward", &Transaction::begin_forward)
       .def(
           "before_op",

@@ -24,8 +24,8 @@ void journal_write_outside_segments(const at::Tensor& t) {
   }
   const StorageKey key = storage_key(t);
   auto& journal = RegionJournal::global();
-  if (journal.watched(key)) {
-    journal.record(key, ref_of(t.storage()), footprint_of(t));
+  if (journal.watched(key)) {  // journaled or marked (Note [Write marks])
+    journal.record_if_watched(key, ref_of(t.storage()), footprint_of(t));
   }
 }
 
@@ -231,7 +231,9 @@ void Transaction::begin_forward(
   const EngineKind kind = requested_ == EngineKind::kAuto && declared_.empty()
                               ? EngineKind::kGuard
                               : requested_;
-  engine_ = make_engine(kind, RegionJournal::global());
+  const Proof proof =
+      options_.verify_bytes ? Proof::kHashes : Proof::kWriteMarks;
+  engine_ = make_engine(kind, RegionJournal::global(), proof);
   if (kind == EngineKind::kJournal || kind == EngineKind::kAuto) {
     auto& reg = journal_registry();
     std::lock_guard<std::mutex> lock(reg.mutex);
@@ -243,10 +245,11 @@ void Transaction::begin_forward(
     engine_->declare(key, ref_of(d.storage));
   }
   if (options_.preserve_reads) {
-    reads_engine_ = make_engine(EngineKind::kJournal, RegionJournal::global());
+    reads_engine_ =
+        make_engine(EngineKind::kJournal, RegionJournal::global(), proof);
   }
   if (kind == EngineKind::kJournal || kind == EngineKind::kAuto ||
-      options_.preserve_reads) {
+      options_.preserve_reads || marks_writes()) {
     // Writes outside any segment are journaled too (Note [Write watch]).
     write_watch_acquire();
     watching_writes_ = true;
@@ -632,7 +635,7 @@ void Transaction::end_forward() {
     reads_engine_->end_forward();
   }
   if (watching_writes_ && engine_->kind() != EngineKind::kJournal &&
-      !reads_engine_) {
+      !reads_engine_ && !marks_writes()) {
     write_watch_release();  // auto became the guard: nothing to watch
     watching_writes_ = false;
   }
@@ -640,7 +643,10 @@ void Transaction::end_forward() {
   for (auto& r : reshaped_) {
     r.record_end();
   }
-  for (const auto& [key, ranges] : footprint_) {
+  // B_T where the forward wrote, or everywhere it looked (Note [Verification
+  // levels]).
+  for (const auto& [key, ranges] :
+       options_.verify_bytes ? footprint_ : writes_) {
     end_hashes_.add(key, resolve(key), ranges);
   }
   // Reads are checked for changes after the forward (its own writes count).

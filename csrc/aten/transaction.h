@@ -65,6 +65,29 @@
 #include "core/region_journal.h"
 #include "core/region_store.h"
 
+// Note [Verification levels]
+// What proves that the re-run starts from the forward's bytes B0 and ends at
+// its bytes B_T (Note [Replay protocol]) without hashing every declared byte
+// twice at both ends (the hashes were most of what declared state cost).
+// Every dispatcher write is seen: inside a segment by its observer, outside
+// by the write watch (Note [Write watch]), and either way it is shown to the
+// journal's record_if_watched (Note [Journal watch]). So, by level
+// (TransactionOptions::verify_bytes, tr.config.verify):
+//   * "dispatcher" (default): the journal's undo is B0 (every dispatcher
+//     write to a declared or preserved storage journaled its old bytes); the
+//     guard refuses when a write was marked on its exposed reads (Note
+//     [Write marks]; the write watch is on while it waits); the copying
+//     engines restore their copies. The end state B_T is hashed only where
+//     the forward wrote, and where the re-run writes bytes the forward did
+//     not, their start bytes (equal to B_T there: the forward left them) are
+//     hashed before the write. Only bytes someone writes are hashed.
+//   * "bytes": also the accessed (journal) and exposed (guard) regions in
+//     the forward and at the re-run, and B_T over the whole footprint: a
+//     write that bypassed the dispatcher (the memory of .numpy(), a raw
+//     pointer, a compiled kernel writing an input) is caught too.
+// Undeclared tensors are checked by version counters at both levels, and
+// sparse tensors' parts by hashes (Note [Sparse tensors]).
+
 namespace torch_replay::aten {
 
 // Note [Storage keys]
@@ -94,6 +117,9 @@ struct TransactionOptions {
   // storage, as the journal engine does for declared state (Note [Preserved
   // reads]).
   bool preserve_reads = false;
+  // Also prove B0 and B_T by hashes of every accessed byte, which catches
+  // writes that bypassed the dispatcher (Note [Verification levels]).
+  bool verify_bytes = false;
 };
 
 class Transaction {
@@ -258,6 +284,12 @@ class Transaction {
 
   StorageRef resolve(StorageKey key) const;
   Resolver resolver() const;
+  // The guard proves its exposed reads by write marks, which the write watch
+  // must see (Note [Verification levels]).
+  bool marks_writes() const {
+    return requested_ == EngineKind::kGuard && !options_.verify_bytes &&
+           !declared_.empty();
+  }
   // The resolver of the engines' and implicit restores: storages owned by a
   // ReshapeRecord resolve to nothing (Note [Storage-changing writes]).
   Resolver byte_resolver() const;

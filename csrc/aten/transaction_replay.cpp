@@ -179,6 +179,16 @@ void Transaction::replay_access(
     }
     if (!reshaped(key)) {  // (else its record keeps the live state)
       live_.save(key, resolve(key), fp);
+      if (!options_.verify_bytes) {
+        // B_T of bytes the forward only read is their start, which they
+        // still hold: hashed before the re-run overwrites them (Note
+        // [Verification levels]).
+        auto w = writes_.find(key);
+        const RangeSet fresh = w == writes_.end() ? fp : fp.subtract(w->second);
+        if (!fresh.empty()) {
+          end_hashes_.add(key, resolve(key), fresh);
+        }
+      }
     }
     remember_version(t);
   }

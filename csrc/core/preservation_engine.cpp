@@ -100,10 +100,20 @@ class ReadsetEngine final : public CopyingEngine {
 };
 
 // guard: nothing; the bytes the segment reads before writing them (its
-// exposed reads) must still be B0 at the re-run. The bytes it writes are
-// kept only until end_forward, to roll a failed forward back.
+// exposed reads) must still be B0 at the re-run: their hashes match
+// (Proof::kHashes), or no write was marked on them (Proof::kWriteMarks). The
+// bytes it writes are kept only until end_forward, to roll a failed forward
+// back.
 class GuardEngine final : public PreservationEngine {
  public:
+  GuardEngine(RegionJournal& journal, Proof proof)
+      : journal_(journal), proof_(proof) {}
+  ~GuardEngine() override {
+    try {
+      GuardEngine::release();
+    } catch (...) {
+    }
+  }
   EngineKind kind() const override {
     return EngineKind::kGuard;
   }
@@ -117,7 +127,15 @@ class GuardEngine final : public PreservationEngine {
     if (access != Access::kWrite) {
       RangeSet exposed = ranges.subtract(written);
       if (!exposed.empty()) {
-        exposed_.add(key, ref, exposed);
+        if (proof_ == Proof::kHashes) {
+          exposed_.add(key, ref, exposed);
+        } else {
+          auto [it, fresh] = exposed_ranges_.try_emplace(key);
+          if (fresh) {
+            journal_.mark(this, key);
+          }
+          it->second.add(exposed);
+        }
       }
     }
     if (access != Access::kRead) {
@@ -132,7 +150,15 @@ class GuardEngine final : public PreservationEngine {
     return {};
   }
   StorageKey restore_start(const Resolver& resolve) override {
-    return exposed_.first_mismatch(resolve);
+    if (proof_ == Proof::kHashes) {
+      return exposed_.first_mismatch(resolve);
+    }
+    for (const auto& [key, ranges] : exposed_ranges_) {
+      if (journal_.marked(this, key).overlaps(ranges)) {
+        return key;
+      }
+    }
+    return 0;
   }
   void rollback(const Resolver& resolve) override {
     rollback_.restore_all(resolve);
@@ -143,23 +169,30 @@ class GuardEngine final : public PreservationEngine {
   void release() override {
     rollback_.clear();
     exposed_.clear();
+    if (!exposed_ranges_.empty()) {
+      journal_.unmark(this);
+      exposed_ranges_.clear();
+    }
   }
 
  private:
-  FootprintHashes exposed_;
+  RegionJournal& journal_;
+  Proof proof_;
+  FootprintHashes exposed_;                        // Proof::kHashes
+  std::map<StorageKey, RangeSet> exposed_ranges_;  // Proof::kWriteMarks
   std::map<StorageKey, RangeSet> written_;
   RegionStore rollback_;
 };
 
 // journal: pins the shared log at the start and watches the declared
 // storages, so every later write to them, anywhere, first journals the old
-// bytes (copy-on-write). The re-run undoes the log down to the pin; hashes
-// of the accessed regions prove B0 (a write that bypassed the journal shows
-// there).
+// bytes (copy-on-write). The re-run undoes the log down to the pin; with
+// Proof::kHashes, hashes of the accessed regions prove B0 (a write that
+// bypassed the journal shows there).
 class JournalEngine : public PreservationEngine {
  public:
-  explicit JournalEngine(RegionJournal& journal)
-      : journal_(journal), pin_(journal.pin()) {}
+  JournalEngine(RegionJournal& journal, Proof proof)
+      : journal_(journal), proof_(proof), pin_(journal.pin()) {}
   ~JournalEngine() override {
     try {
       JournalEngine::release();
@@ -178,7 +211,10 @@ class JournalEngine : public PreservationEngine {
       const StorageRef& ref,
       const RangeSet& ranges,
       Access) override {
-    start_.add(key, ref, ranges);
+    accessed_ = true;
+    if (proof_ == Proof::kHashes) {
+      start_.add(key, ref, ranges);
+    }
   }
   std::map<StorageKey, RangeSet> restored_regions() const override {
     return pinned() ? journal_.touched_since(pin_)
@@ -217,11 +253,13 @@ class JournalEngine : public PreservationEngine {
     return pin_ >= 0;
   }
   bool accessed() const {
-    return !start_.empty();
+    return accessed_;
   }
 
  private:
   RegionJournal& journal_;
+  Proof proof_;
+  bool accessed_ = false;
   int64_t pin_;
   std::vector<StorageKey> watched_;
   FootprintHashes start_;
@@ -250,18 +288,18 @@ class AutoEngine final : public JournalEngine {
 }  // namespace
 
 std::unique_ptr<PreservationEngine> make_engine(
-    EngineKind kind, RegionJournal& journal) {
+    EngineKind kind, RegionJournal& journal, Proof proof) {
   switch (kind) {
     case EngineKind::kAuto:
-      return std::make_unique<AutoEngine>(journal);
+      return std::make_unique<AutoEngine>(journal, proof);
     case EngineKind::kSnapshot:
       return std::make_unique<SnapshotEngine>();
     case EngineKind::kJournal:
-      return std::make_unique<JournalEngine>(journal);
+      return std::make_unique<JournalEngine>(journal, proof);
     case EngineKind::kReadset:
       return std::make_unique<ReadsetEngine>();
     case EngineKind::kGuard:
-      return std::make_unique<GuardEngine>();
+      return std::make_unique<GuardEngine>(journal, proof);
   }
   throw ReplayException(ErrorKind::kInternal, "make_engine: unknown engine");
 }

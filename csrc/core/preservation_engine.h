@@ -13,9 +13,13 @@
 //   readset   the first-touch bytes of every accessed region   the copy
 //   journal   the old bytes of every later write to a          hashes of the
 //             declared storage, anywhere (copy-on-write;       accessed regions
-//             Note [Region journal], Note [Journal watch])     after the undo
+//             Note [Region journal], Note [Journal watch])     after the undo,
+//                                                              or the undo
 //   guard     nothing                                          hashes of the
-//                                                              exposed reads
+//                                                              exposed reads,
+//                                                              or no write
+//                                                              marked on them
+// (the second proof of each: Proof::kWriteMarks below).
 // `auto` is the journal when the segment accessed declared state (read-only
 // state then costs nothing until something writes it) and the guard
 // otherwise.
@@ -56,6 +60,17 @@ const std::vector<std::string>& engine_names();
 std::string engine_name(EngineKind kind);
 // Throws ReplayException(kInvalidArgument) naming the valid engines.
 EngineKind parse_engine(const std::string& name);
+
+// How an engine that does not keep every byte it needs (the journal after
+// its undo, the guard) proves the start bytes B0 at the re-run (Note
+// [Verification levels] in csrc/aten/transaction.h):
+//   kHashes      hashes of the accessed (journal) or exposed (guard) regions,
+//                taken in the forward and compared at the re-run: catches a
+//                write that nobody showed to the journal;
+//   kWriteMarks  the writes shown to record_if_watched (Note [Write marks]):
+//                the guard refuses if one touched an exposed region, the
+//                journal trusts its undo. No byte is hashed.
+enum class Proof { kHashes, kWriteMarks };
 
 enum class Access {
   kRead,
@@ -102,8 +117,9 @@ class PreservationEngine {
 };
 
 // `journal`: the log the journal engine pins and watches (the process-wide
-// RegionJournal::global() for torch; a private one for the interpreter).
+// RegionJournal::global() for torch; a private one for the interpreter), and
+// where the guard marks its exposed storages under Proof::kWriteMarks.
 std::unique_ptr<PreservationEngine> make_engine(
-    EngineKind kind, RegionJournal& journal);
+    EngineKind kind, RegionJournal& journal, Proof proof = Proof::kHashes);
 
 }  // namespace torch_replay

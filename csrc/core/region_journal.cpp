@@ -1,6 +1,7 @@
 #include "core/region_journal.h"
 
 #include <algorithm>
+#include <iterator>
 #include <vector>
 
 #include "core/status.h"
@@ -56,20 +57,52 @@ void RegionJournal::unwatch(StorageKey key) {
 
 bool RegionJournal::watched(StorageKey key) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return watched_.count(key) > 0;
+  return watched_.count(key) > 0 || marks_.count(key) > 0;
 }
 
 bool RegionJournal::watching_any() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return !watched_.empty();
+  return !watched_.empty() || !marks_.empty();
 }
 
 int64_t RegionJournal::record_if_watched(
     StorageKey key, const StorageRef& storage, const RangeSet& ranges) {
-  if (!watched(key)) {
-    return -1;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto m = marks_.find(key);
+    if (m != marks_.end()) {
+      for (auto& [owner, set] : m->second) {
+        set.add(ranges);
+      }
+    }
+    if (watched_.count(key) == 0) {
+      return -1;
+    }
   }
   return record(key, storage, ranges);
+}
+
+void RegionJournal::mark(const void* owner, StorageKey key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  marks_[key].try_emplace(owner);
+}
+
+void RegionJournal::unmark(const void* owner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = marks_.begin(); it != marks_.end();) {
+    it->second.erase(owner);
+    it = it->second.empty() ? marks_.erase(it) : std::next(it);
+  }
+}
+
+RangeSet RegionJournal::marked(const void* owner, StorageKey key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto m = marks_.find(key);
+  if (m == marks_.end()) {
+    return {};
+  }
+  auto o = m->second.find(owner);
+  return o == m->second.end() ? RangeSet() : o->second;
 }
 
 int64_t RegionJournal::pin() {

@@ -72,11 +72,28 @@ class RegionJournal {
   void watch(StorageKey key);
   // Precondition: `key` is watched.
   void unwatch(StorageKey key);
+  // Whether writes to `key` must be shown to record_if_watched: it is
+  // journaled, or some owner marks it (Note [Write marks]).
   bool watched(StorageKey key) const;
   bool watching_any() const;
-  // record() if `key` is watched; returns its sequence number or -1.
+  // Adds `ranges` to every mark set of `key`; then record() if `key` is
+  // journaled. Returns the entry's sequence number or -1.
   int64_t record_if_watched(
       StorageKey key, const StorageRef& storage, const RangeSet& ranges);
+
+  // Note [Write marks]
+  // An engine that needs to know only *whether* bytes were written after it
+  // looked at them, not what they were (the guard, proving its exposed reads
+  // unchanged without hashing them; Note [Verification levels] in
+  // csrc/aten/transaction.h), marks the storage: from then on every write
+  // shown to record_if_watched adds its ranges to the owner's mark set of
+  // that storage, pinned or not, and no byte is kept. A mark set only grows
+  // until its owner calls unmark.
+  void mark(const void* owner, StorageKey key);
+  // Drops every mark set of `owner`. Idempotent.
+  void unmark(const void* owner);
+  // The ranges of `key` written since `owner` marked it (empty if none).
+  RangeSet marked(const void* owner, StorageKey key) const;
 
   // The process-wide journal used by the checkpoint engines.
   static RegionJournal& global();
@@ -94,6 +111,7 @@ class RegionJournal {
   std::deque<Entry> entries_;
   std::multiset<int64_t> pins_;
   std::map<StorageKey, int64_t> watched_;
+  std::map<StorageKey, std::map<const void*, RangeSet>> marks_;
   // Per storage, the bytes recorded since the newest pin (see record()).
   std::map<StorageKey, RangeSet> covered_since_newest_pin_;
   int64_t next_seq_ = 0;
