@@ -40,6 +40,8 @@ class _ReentrantRunner:
         return args
 
     def _flat(self, out):
+        if type(out) is torch.Tensor:  # the common case, without pytree's walk
+            return [out], None, [out]
         leaves, spec = tree_flatten(out)
         return leaves, spec, [t for t in leaves if isinstance(t, torch.Tensor)]
 
@@ -90,6 +92,8 @@ class _ReentrantRunner:
         self.txn.finish_replay()
 
     def rebuild(self, tensors):
+        if self.spec is None:  # a single tensor (see _flat)
+            return tensors[0]
         leaves = list(self.leaves)
         for pos, t in zip(self.tensor_pos, tensors, strict=True):
             leaves[pos] = t

@@ -30,7 +30,7 @@ ENGINES: tuple[str, ...] = engine_names()
 class ReplayConfig:
     """Process-wide settings of ``torch_replay.checkpoint``."""
 
-    detect: str = "reads"
+    detect: str = os.environ.get("TORCH_REPLAY_DETECT", "reads")
     """What undeclared state is checked (by version counters) before a re-run.
     ``"reads"`` (default): every tensor that existed before the segment and that it
     read (parameters, buffers, inputs, captured tensors), plus what it saved for

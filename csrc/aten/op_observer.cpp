@@ -41,6 +41,7 @@ OpInfo make_info(const at::RecordFunction& fn) {
     const bool write = alias != nullptr && alias->isWrite();
     view |= alias != nullptr && !alias->isWrite();
     info.writes.push_back(write && !metadata_only);
+    info.may_write |= write && !metadata_only;
     bool returned = false;
     for (const auto& ret : schema->returns()) {
       const c10::AliasInfo* r = ret.alias_info();
@@ -73,6 +74,7 @@ OpInfo make_info(const at::RecordFunction& fn) {
     // (instance_norm: argument 5 is use_input_stats.)
     info.training_arg = 5;
     info.extra = {3, 4};
+    info.may_write = true;
   }
   return info;
 }
@@ -310,8 +312,8 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
   }
   s.watch_frames.back() = &info;
   const int depth = s.watch_depth++;
-  if (depth > 0) {
-    return nullptr;
+  if (depth > 0 || !info.may_write) {
+    return nullptr;  // (Note [Write watch]: what is left unwatched)
   }
   CallbackGuard guard(s);
   collect_arguments(

@@ -65,8 +65,21 @@
 // storage are recorded. Its cost, while registered, is the dispatcher's
 // boxing of arguments for every operator of the process (about a
 // microsecond) plus a lookup per written argument. Writes that bypass the
-// dispatcher are not seen; the re-run's start hashes then refuse the replay
-// with StateMutationError naming the tensor.
+// dispatcher are not seen; under tr.config.verify="bytes" the re-run's start
+// hashes then refuse the replay with StateMutationError naming the tensor.
+//   * What is left unwatched: an operator whose schema declares no write (and
+//     is not a batch norm) is dismissed after one lookup of its cached facts,
+//     without reading its arguments; so are operators run inside a segment
+//     (its transactions see them) and operators nested in another one's
+//     implementation (the enclosing operator's declared writes were
+//     recorded). The boxing of every operator's arguments cannot be left
+//     out: RecordFunction decides it per callback, not per operator, before
+//     the callback runs. The watch is needed for as long as a journaled,
+//     preserved or guarded segment waits, the backward included (hooks,
+//     FSDP's unshard, other threads write then). Measured: 0.3 us per
+//     operator of the process (benchmarks/results/replay_speed.md), against
+//     the hashing of every declared byte it replaces at the default level
+//     (Note [Verification levels]).
 
 namespace torch_replay::aten {
 
@@ -83,6 +96,9 @@ struct OpInfo {
   // storage, storage size; Note [Storage-changing writes]).
   bool reshapes = false;
   std::vector<bool> writes;  // per schema argument
+  // Some argument may be written (a declared write, or batch norm's running
+  // statistics): the write watch looks at no other operator's arguments.
+  bool may_write = false;
   // Per schema argument: the operator returns it (its alias set is a
   // result's: in-place and out= variants). A write it does not return is a
   // side effect no gradient flows through (running statistics, observer

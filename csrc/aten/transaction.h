@@ -46,6 +46,7 @@
 //      counters back: the replay is invisible.
 
 #include <ATen/ATen.h>
+#include <c10/util/flat_hash_map.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <algorithm>
@@ -121,6 +122,12 @@ struct TransactionOptions {
   // writes that bypassed the dispatcher (Note [Verification levels]).
   bool verify_bytes = false;
 };
+
+// Storages by key, each held weakly (Note [Storage keys]). Open addressing:
+// a segment adds one entry per storage its operators make, and a node
+// allocated per entry was the largest part of observing an operator.
+using StorageMap =
+    ska::flat_hash_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>;
 
 class Transaction {
  public:
@@ -340,13 +347,11 @@ class Transaction {
   // references keep their StorageImpl's memory (not its bytes) allocated, so
   // that no storage made later, in the forward or a re-run, can reuse the
   // address that is its key.
-  std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
-      external_;
+  StorageMap external_;
   // Storages the segment made. Weak references too, for the same reason: a
   // storage made and freed inside the forward must not give its key to one
   // the forward did not see made (Note [Storage keys]).
-  std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
-      internal_;
+  StorageMap internal_;
   std::map<StorageKey, External> written_external_;
   std::map<StorageKey, RangeSet> footprint_, writes_;
   std::vector<c10::Device> devices_seen_;
@@ -380,8 +385,7 @@ class Transaction {
 
   // Replay bookkeeping.
   RegionStore live_;
-  std::unordered_map<StorageKey, c10::weak_intrusive_ptr<c10::StorageImpl>>
-      replay_internal_;
+  StorageMap replay_internal_;
   std::vector<std::pair<
       c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>,
       int64_t>>

@@ -1,0 +1,321 @@
+"""torch_replay's step time against torch.utils.checkpoint's, repeated in separate
+processes: the rows that say whether being right costs anything (CPU, one thread).
+
+    python -m benchmarks.bench_replay_speed                 # 3 processes, a few minutes each
+    python -m benchmarks.bench_replay_speed --quick         # 1 process, few rounds (smoke)
+    python -m benchmarks.bench_replay_speed --out benchmarks/results/replay_speed.md
+
+Rows (each a ratio to torch's checkpoint of the same model, measured in the same rounds):
+
+gpt:        the 6-block GPT-style model of benchmarks/bench_observer.py (d=256, dropout),
+            every block checkpointed: no state, ``state=[block]`` under each engine,
+            ``detect="preserve"`` with nothing declared, and ``verify="bytes"`` (the
+            hashing level, Note [Verification levels]).
+llama:      a Llama-style Hugging Face model (4 layers, hidden 256, sequence 256, batch 2,
+            dropout 0.1): transformers' own checkpointing against
+            ``torch_replay.integrations.transformers.enable(model)`` (each layer declared)
+            under each engine, and ``enable(model, replay_state=None)`` under
+            ``detect="preserve"``.
+small-op:   64 segments of a 6-operator block on 32x32, ``use_reentrant`` False and True.
+segment:    64 one-operator segments (the fixed cost of a segment).
+
+Each process runs interleaved rounds (every variant once per round, odd rounds in reverse
+order) and reports, per row, the median over rounds of the variant's time over torch's time
+in the same round. Two clocks: the process's CPU time (``time.process_time``; what a
+quiet machine's wall time would be, since one thread computes) and wall time. The table
+gives each process's median and their median. Memory beside the times: the bytes the
+engines keep from forward to backward (``tr.engine_bytes()``) for ``state=[block]``, for
+MoCo's queue enqueued between forward and backward, and under ``preserve`` on MoCo and on
+the Llama model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as tcp
+
+import torch_replay as tr
+from benchmarks.cli import add_out_quick, emit, run_module
+from benchmarks.models import PreNormBlock
+
+ENGINES = ("auto", "journal", "readset", "guard", "snapshot")
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+
+
+@contextlib.contextmanager
+def _config(**settings):
+    """``tr.config`` settings for the block, put back after it."""
+    old = {k: getattr(tr.config, k) for k in settings}
+    for k, v in settings.items():
+        setattr(tr.config, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(tr.config, k, v)
+
+
+def _settings(**settings):
+    """A step wrapper that runs under ``tr.config`` settings (see _config)."""
+
+    def wrap(step):
+        def run():
+            with _config(**settings):
+                step()
+
+        return run
+
+    return wrap
+
+
+def _rounds(steps: dict, rounds: int) -> dict[str, dict[str, float]]:
+    """Per clock and variant: the median over rounds of its time over the first
+    variant's time in the same round (the first round warms up)."""
+    times = {c: {k: [] for k in steps} for c in CLOCKS}
+    for r in range(rounds + 1):
+        order = list(steps.items())
+        for name, step in order if r % 2 == 0 else order[::-1]:
+            t0 = {c: f() for c, f in CLOCKS.items()}
+            step()
+            t1 = {c: f() for c, f in CLOCKS.items()}
+            if r:
+                for c in CLOCKS:
+                    times[c][name].append(t1[c] - t0[c])
+    base = next(iter(steps))
+    out = {}
+    for c in CLOCKS:
+        b = times[c][base]
+        out[c] = {
+            k: statistics.median(x / y for x, y in zip(v, b, strict=True))
+            for k, v in times[c].items()
+        }
+        out[c]["base_s"] = statistics.median(b)
+    return out
+
+
+# ------------------------------------------------------------------ the models
+
+
+def gpt_steps() -> dict:
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(PreNormBlock(256, 4, dropout=0.1) for _ in range(6))
+    x = torch.randn(4, 128, 256)
+
+    def step(ckpt):
+        def run():
+            blocks.zero_grad(set_to_none=True)
+            h = x
+            for blk in blocks:
+                h = ckpt(blk, h)
+            h.pow(2).mean().backward()
+
+        return run
+
+    def torch_ckpt(blk, h):
+        return tcp.checkpoint(blk, h, use_reentrant=False)
+
+    def ours(engine=None):
+        def ckpt(blk, h):
+            if engine is None:
+                return tr.checkpoint(blk, h, use_reentrant=False)
+            return tr.checkpoint(blk, h, use_reentrant=False, state=[blk], engine=engine)
+
+        return ckpt
+
+    return {
+        "torch": step(torch_ckpt),
+        "no state": step(ours()),
+        **{f"state=[block], {e}": step(ours(e)) for e in ENGINES},
+        'detect="preserve"': _settings(detect="preserve")(step(ours())),
+        'state=[block], auto, verify="bytes"': _settings(verify="bytes")(step(ours("auto"))),
+        'detect="preserve", verify="bytes"': _settings(detect="preserve", verify="bytes")(
+            step(ours())
+        ),
+    }
+
+
+def llama_steps(seq: int) -> dict:
+    from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
+
+    ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
+
+    def variant(mode, **options):
+        model = build_hf("llama", layers=4, hidden=256)
+        model.train()
+        hf_turn_on(model, mode, **options)
+
+        def run():
+            model(input_ids=ids, labels=ids).loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        return run
+
+    return {
+        "torch": variant("torch"),
+        **{f"enable(model), {e}": variant("tr", replay_engine=e) for e in ENGINES},
+        'enable(model, replay_state=None), detect="preserve"': _settings(detect="preserve")(
+            variant("tr", replay_state=None)
+        ),
+    }
+
+
+def small_op_steps(reentrant: bool) -> dict:
+    x0 = torch.randn(32, 32, requires_grad=True)
+
+    def block(a):
+        return torch.tanh(a * 0.9 + 0.1).sigmoid() * a - 0.01
+
+    def step(ckpt):
+        def run():
+            h = x0
+            for _ in range(64):
+                h = ckpt(block, h, use_reentrant=reentrant)
+            h.sum().backward()
+
+        return run
+
+    return {"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}
+
+
+def segment_steps(reentrant: bool) -> dict:
+    x = torch.randn(4, requires_grad=True)
+
+    def blk(h):
+        return h * 2
+
+    def step(ckpt):
+        def run():
+            h = x
+            for _ in range(64):
+                h = ckpt(blk, h, use_reentrant=reentrant)
+            h.sum().backward()
+
+        return run
+
+    return {"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}
+
+
+# ------------------------------------------------------------------ memory
+
+
+def kept_bytes(seq: int) -> dict[str, int]:
+    """Engine bytes held between forward and backward (``tr.engine_bytes()``)."""
+    from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
+    from tests.reference import MoCoHead
+
+    out = {}
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(PreNormBlock(256, 4) for _ in range(6))
+    h = torch.randn(4, 128, 256)
+    for blk in blocks:
+        h = tr.checkpoint(blk, h, use_reentrant=False, state=[blk])
+    out["gpt, state=[block] (auto)"] = tr.engine_bytes()
+    h.sum().backward()
+    for how in ("declared", "preserve"):
+        head = MoCoHead()
+        x = torch.randn(8, 16, requires_grad=True)
+        with _config(detect="preserve" if how == "preserve" else tr.config.detect):
+            state = [head.queue] if how == "declared" else None
+            y = tr.checkpoint(head, x, use_reentrant=False, state=state)
+            head.enqueue(torch.randn(8, 16))
+            out[f"MoCo queue enqueued before backward, {how}"] = tr.engine_bytes()
+            y.sum().backward()
+    model = build_hf("llama", layers=4, hidden=256)
+    model.train()
+    hf_turn_on(model, "tr", replay_state=None)
+    ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
+    with _config(detect="preserve"):
+        loss = model(input_ids=ids, labels=ids).loss
+        out['llama, detect="preserve"'] = tr.engine_bytes()
+        loss.backward()
+    return out
+
+
+# ------------------------------------------------------------------ driver
+
+
+def child(rounds: int, seq: int) -> dict:
+    torch.set_num_threads(1)
+    res = {
+        "gpt": _rounds(gpt_steps(), rounds),
+        "llama": _rounds(llama_steps(seq), rounds),
+    }
+    for reentrant in (False, True):
+        res[f"small-op, use_reentrant={reentrant}"] = _rounds(small_op_steps(reentrant), rounds)
+        res[f"segment, use_reentrant={reentrant}"] = _rounds(segment_steps(reentrant), rounds)
+    res["kept"] = kept_bytes(seq)
+    return res
+
+
+def markdown(runs: list[dict], command: str, rounds: int) -> str:
+    n = len(runs)
+    lines = [
+        f"Command: `{command}`",
+        "",
+        f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, one thread; "
+        f"{n} separate processes, {rounds} interleaved rounds each. Ratio: the median over "
+        "rounds of the variant's step time over torch's checkpoint's in the same round; "
+        "per process, then the median of the processes. CPU: the process's CPU time; "
+        "wall: wall time (load from other jobs shows in wall time first).",
+        "",
+    ]
+    for group in (k for k in runs[0] if k != "kept"):
+        base = runs[0][group]["cpu"]
+        lines += [
+            f"## {group}",
+            "",
+            f"torch's step, CPU s (process 1): {base['base_s']:.4f}",
+            "",
+            "| variant | ratio, CPU | per process, CPU | ratio, wall | per process, wall |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for v in (k for k in base if k not in ("torch", "base_s")):
+            cells = []
+            for c in ("cpu", "wall"):
+                per = [r[group][c][v] for r in runs]
+                cells += [f"{statistics.median(per):.3f}", " / ".join(f"{p:.3f}" for p in per)]
+            lines.append(f"| {v} | " + " | ".join(cells) + " |")
+        lines.append("")
+    lines += ["## Bytes the engines keep from forward to backward", "", "| case | bytes |"]
+    lines.append("| --- | --- |")
+    for case, b in runs[0]["kept"].items():
+        lines.append(f"| {case} | {b:,} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--processes", type=int, default=None, help="separate processes (3)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds per process (15)")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_out_quick(p, quick="1 process, 3 rounds, sequence 64")
+    args = p.parse_args(argv)
+    rounds = args.rounds or (3 if args.quick else 15)
+    seq = 64 if args.quick else 256
+    if args.child:
+        print(json.dumps(child(rounds, seq)))
+        return 0
+    runs = []
+    for _ in range(args.processes or (1 if args.quick else 3)):
+        child_args = ["--child", "--rounds", str(rounds)] + (["--quick"] if args.quick else [])
+        proc = run_module("benchmarks.bench_replay_speed", child_args)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr)
+            return proc.returncode
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    command = "python -m benchmarks.bench_replay_speed " + " ".join(argv or sys.argv[1:])
+    return emit(markdown(runs, command.strip(), rounds), args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
