@@ -107,6 +107,14 @@ def test_without_observer_declared_state_uses_the_snapshot():
     assert torch.equal(ref, x.grad)
 
 
+@pytest.mark.parametrize("setting", ["detect", "verify", "observer"])
+def test_an_unknown_level_is_refused_naming_the_valid_ones(setting, monkeypatch):
+    monkeypatch.setattr(tr.config, setting, "everything")
+    x = torch.randn(4, requires_grad=True)
+    with pytest.raises(ValueError, match=f"torch_replay.config.{setting} must be one of"):
+        tr.checkpoint(torch.sin, x, use_reentrant=False)
+
+
 @pytest.mark.parametrize("reentrant", REENTRANT)
 def test_read_through_a_temporary_view_is_checked(reentrant):
     # Found by the cohort suite: the view dies after the forward, its base's

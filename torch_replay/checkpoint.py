@@ -218,7 +218,7 @@ def checkpoint(
         )
     if config.observer not in ("c++", "python"):
         raise ValueError(
-            f"torch_replay.config.observer must be 'c++' or 'python', got {config.observer!r}"
+            f"torch_replay.config.observer must be one of ('c++', 'python'), got {config.observer!r}"
         )
     _fsdp.install()  # FSDP2's unshard/reshard is not the segment's (Note [FSDP traffic])
     if not torch.is_grad_enabled():

@@ -78,10 +78,11 @@
 //     write to a declared or preserved storage journaled its old bytes); the
 //     guard refuses when a write was marked on its exposed reads (Note
 //     [Write marks]; the write watch is on while it waits); the copying
-//     engines restore their copies. The end state B_T is hashed only where
-//     the forward wrote, and where the re-run writes bytes the forward did
-//     not, their start bytes (equal to B_T there: the forward left them) are
-//     hashed before the write. Only bytes someone writes are hashed.
+//     engines restore the copies of storages a write was marked on. The end
+//     state B_T is hashed only where the forward wrote, and where the re-run
+//     writes bytes the forward did not, their start bytes (equal to B_T there:
+//     the forward left them) are hashed before the write. Only bytes someone
+//     writes are hashed.
 //   * "bytes": also the accessed (journal) and exposed (guard) regions in
 //     the forward and at the re-run, and B_T over the whole footprint: a
 //     write that bypassed the dispatcher (the memory of .numpy(), a raw
@@ -291,11 +292,14 @@ class Transaction {
 
   StorageRef resolve(StorageKey key) const;
   Resolver resolver() const;
-  // The guard proves its exposed reads by write marks, which the write watch
-  // must see (Note [Verification levels]).
+  // The guard proves its exposed reads, and the copying engines find what
+  // to restore, by write marks, which the write watch must see (Note
+  // [Verification levels]).
   bool marks_writes() const {
-    return requested_ == EngineKind::kGuard && !options_.verify_bytes &&
-           !declared_.empty();
+    return (requested_ == EngineKind::kGuard ||
+            requested_ == EngineKind::kSnapshot ||
+            requested_ == EngineKind::kReadset) &&
+           !options_.verify_bytes && !declared_.empty();
   }
   // The resolver of the engines' and implicit restores: storages owned by a
   // ReshapeRecord resolve to nothing (Note [Storage-changing writes]).

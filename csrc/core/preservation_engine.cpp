@@ -1,5 +1,6 @@
 #include "core/preservation_engine.h"
 
+#include <set>
 #include <utility>
 
 #include "core/status.h"
@@ -36,22 +37,35 @@ EngineKind parse_engine(const std::string& name) {
 
 namespace {
 
-std::map<StorageKey, RangeSet> saved_regions(const RegionStore& store) {
-  std::map<StorageKey, RangeSet> out;
-  for (StorageKey key : store.keys()) {
-    out.emplace(key, store.saved(key));
-  }
-  return out;
-}
-
-// The engines that keep copies in one RegionStore and restore them all.
+// The engines that keep copies in one RegionStore and restore them: all of
+// them (Proof::kHashes), or those of storages a write was marked on since
+// they were copied (Proof::kWriteMarks: an unwritten storage still holds its
+// copy's bytes, so neither it nor the live bytes are copied back and forth).
 class CopyingEngine : public PreservationEngine {
  public:
+  CopyingEngine(RegionJournal& journal, Proof proof)
+      : journal_(journal), proof_(proof) {}
+  ~CopyingEngine() override {
+    try {
+      unmark();
+    } catch (...) {
+    }
+  }
   std::map<StorageKey, RangeSet> restored_regions() const override {
-    return saved_regions(store_);
+    std::map<StorageKey, RangeSet> out;
+    for (StorageKey key : store_.keys()) {
+      if (written(key)) {
+        out.emplace(key, store_.saved(key));
+      }
+    }
+    return out;
   }
   StorageKey restore_start(const Resolver& resolve) override {
-    store_.restore_all(resolve);
+    for (StorageKey key : store_.keys()) {
+      if (written(key)) {
+        store_.restore(key, resolve(key));
+      }
+    }
     return 0;
   }
   void rollback(const Resolver& resolve) override {
@@ -62,22 +76,47 @@ class CopyingEngine : public PreservationEngine {
   }
   void release() override {
     store_.clear();
+    unmark();
   }
 
  protected:
+  // Copies `ranges` of `key` (first copy wins), marking the storage first.
+  void keep(StorageKey key, const StorageRef& ref, const RangeSet& ranges) {
+    if (proof_ == Proof::kWriteMarks && marked_.insert(key).second) {
+      journal_.mark(this, key);
+    }
+    store_.save(key, ref, ranges);
+  }
+
+ private:
+  bool written(StorageKey key) const {
+    return proof_ == Proof::kHashes ||
+           journal_.marked(this, key).overlaps(store_.saved(key));
+  }
+  void unmark() {
+    if (!marked_.empty()) {
+      journal_.unmark(this);
+      marked_.clear();
+    }
+  }
+
+  RegionJournal& journal_;
+  Proof proof_;
+  std::set<StorageKey> marked_;
   RegionStore store_;
 };
 
 // snapshot: every declared byte at the start.
 class SnapshotEngine final : public CopyingEngine {
  public:
+  using CopyingEngine::CopyingEngine;
   EngineKind kind() const override {
     return EngineKind::kSnapshot;
   }
   void declare(StorageKey key, const StorageRef& ref) override {
     RangeSet all;
     all.add(0, ref.nbytes);
-    store_.save(key, ref, all);
+    keep(key, ref, all);
   }
   void access(StorageKey, const StorageRef&, const RangeSet&, Access) override {
   }
@@ -86,6 +125,7 @@ class SnapshotEngine final : public CopyingEngine {
 // readset: the bytes of every accessed region, as they were at first touch.
 class ReadsetEngine final : public CopyingEngine {
  public:
+  using CopyingEngine::CopyingEngine;
   EngineKind kind() const override {
     return EngineKind::kReadset;
   }
@@ -95,7 +135,7 @@ class ReadsetEngine final : public CopyingEngine {
       const StorageRef& ref,
       const RangeSet& ranges,
       Access) override {
-    store_.save(key, ref, ranges);
+    keep(key, ref, ranges);
   }
 };
 
@@ -293,11 +333,11 @@ std::unique_ptr<PreservationEngine> make_engine(
     case EngineKind::kAuto:
       return std::make_unique<AutoEngine>(journal, proof);
     case EngineKind::kSnapshot:
-      return std::make_unique<SnapshotEngine>();
+      return std::make_unique<SnapshotEngine>(journal, proof);
     case EngineKind::kJournal:
       return std::make_unique<JournalEngine>(journal, proof);
     case EngineKind::kReadset:
-      return std::make_unique<ReadsetEngine>();
+      return std::make_unique<ReadsetEngine>(journal, proof);
     case EngineKind::kGuard:
       return std::make_unique<GuardEngine>(journal, proof);
   }

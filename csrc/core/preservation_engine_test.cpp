@@ -217,10 +217,15 @@ TEST(
   check_engine(EngineKind::kGuard, true, Proof::kWriteMarks);
   check_engine(EngineKind::kGuard, false, Proof::kWriteMarks);
 }
-TEST(
-    PreservationEngineTest, JournalAndAutoByWriteMarksRestoreTheForwardsBytes) {
-  check_engine(EngineKind::kJournal, true, Proof::kWriteMarks);
-  check_engine(EngineKind::kAuto, true, Proof::kWriteMarks);
+TEST(PreservationEngineTest, EnginesByWriteMarksRestoreTheForwardsBytes) {
+  for (EngineKind kind :
+       {EngineKind::kJournal,
+        EngineKind::kAuto,
+        EngineKind::kSnapshot,
+        EngineKind::kReadset}) {
+    check_engine(kind, true, Proof::kWriteMarks);
+    check_engine(kind, false, Proof::kWriteMarks);
+  }
 }
 
 TEST(PreservationEngineTest, ReadOnlyStateCostsNothingUntilWritten) {

@@ -1,0 +1,152 @@
+"""Where torch_replay's step time goes beside torch.utils.checkpoint's, symbol by symbol
+(Linux ``perf``, CPU, one thread): the GPT-style model of bench_replay_speed.py, one
+process per variant under ``perf record``, samples grouped by what they are.
+
+    python -m benchmarks.perf_symbols                     # torch, auto, preserve; 20 steps
+    python -m benchmarks.perf_symbols --variants torch guard --steps 40
+    python -m benchmarks.perf_symbols --out benchmarks/results/perf_symbols.md
+
+Samples are normalised by each run's samples in MKL's sgemm kernels (the same matrix work
+in every variant), so a group's figure reads "samples per unit of model work": the
+difference to torch's row is what the variant adds, whatever the load on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as tcp
+
+import torch_replay as tr
+from benchmarks.cli import ROOT, add_out_quick, child_env, emit
+from benchmarks.models import PreNormBlock
+
+GROUPS = (  # (group, regular expression on "dso symbol"), first match wins
+    ("model work (sgemm)", r"sgemm"),
+    ("torch_replay extension", r"^_C\.cpython"),
+    (
+        "RecordFunction and boxing",
+        r"RecordFunction|boxArgs|IValue|CaptureKernelCall|getStepCallbacks",
+    ),
+    ("Python interpreter", r"^libpython"),
+    ("Python GC", r"gc_collect|visit_decref|visit_reachable"),
+    ("allocator (malloc/free)", r"malloc|_int_free|cfree|free@|unlink_chunk|memalign"),
+    ("other torch kernels and dispatch", r"^libtorch|^libc10"),
+    ("kernel (page faults, scheduling)", r"\[kernel"),
+)
+
+
+def _step(variant: str, steps: int, data: str) -> None:
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    blocks = nn.ModuleList(PreNormBlock(256, 4, dropout=0.1) for _ in range(6))
+    x = torch.randn(4, 128, 256)
+    if variant == "preserve":
+        tr.config.detect = "preserve"
+
+    def ckpt(blk, h):
+        if variant == "torch":
+            return tcp.checkpoint(blk, h, use_reentrant=False)
+        if variant in ("nostate", "preserve"):
+            return tr.checkpoint(blk, h, use_reentrant=False)
+        return tr.checkpoint(blk, h, use_reentrant=False, state=[blk], engine=variant)
+
+    perf = None
+    for i in range(steps + 2):
+        if i == 2:  # two warm-up steps first; then this process samples itself
+            perf = subprocess.Popen(
+                ["perf", "record", "-q", "-F", "999", "-p", str(os.getpid()), "-o", data],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(1.0)  # (perf attaches)
+        blocks.zero_grad(set_to_none=True)
+        h = x
+        for blk in blocks:
+            h = ckpt(blk, h)
+        h.pow(2).mean().backward()
+    perf.send_signal(signal.SIGINT)
+    perf.wait()
+
+
+def _record(variant: str, steps: int, tmp: str) -> dict[str, int]:
+    data = os.path.join(tmp, f"{variant}.data")
+    cmd = [sys.executable, "-m", "benchmarks.perf_symbols", "--child", variant, str(steps), data]
+    subprocess.run(cmd, cwd=ROOT, env=child_env(), check=True, capture_output=True)
+    report = subprocess.run(
+        ["perf", "report", "-i", data, "-n", "--sort", "dso,sym", "--stdio"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    counts = {g: 0 for g, _ in GROUPS}
+    counts["other"] = 0
+    for line in report.splitlines():
+        m = re.match(r"\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[.\]\s+(.*)", line)
+        if not m:
+            continue
+        n, dso, sym = int(m.group(1)), m.group(2), m.group(3)
+        text = f"{dso} {sym}"
+        for g, rx in GROUPS:
+            if re.search(rx, text) or re.search(rx, dso):
+                counts[g] += n
+                break
+        else:
+            counts["other"] += n
+    return counts
+
+
+def markdown(rows: dict[str, dict[str, int]], command: str) -> str:
+    names = list(rows)
+    lines = [
+        f"Command: `{command}`",
+        "",
+        "perf samples per 1,000 samples of sgemm (the model's matrix work, equal in every "
+        "variant); GPT-style model, 6 blocks, d=256, every block checkpointed, one thread.",
+        "",
+        "| group | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+    ]
+    groups = [g for g, _ in GROUPS] + ["other"]
+    totals = {v: sum(c.values()) for v, c in rows.items()}
+    for g in groups + ["total"]:
+        cells = []
+        for v in names:
+            n = totals[v] if g == "total" else rows[v][g]
+            cells.append(f"{1000 * n / max(rows[v][GROUPS[0][0]], 1):.0f}")
+        lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--variants", nargs="+", default=["torch", "auto", "preserve"])
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    add_out_quick(p, quick="5 steps")
+    args = p.parse_args(argv)
+    if args.child:
+        _step(args.child[0], int(args.child[1]), args.child[2])
+        return 0
+    if shutil.which("perf") is None:
+        print("perf is not installed: nothing to record")
+        return 1
+    steps = 5 if args.quick else args.steps
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = {v: _record(v, steps, tmp) for v in args.variants}
+    command = "python -m benchmarks.perf_symbols " + " ".join(argv or sys.argv[1:])
+    return emit(markdown(rows, command.strip()), args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
