@@ -46,7 +46,8 @@ _WARM = textwrap.dedent(
     print(json.dumps({
         "aot_hits": counters["aot_autograd"]["autograd_cache_hit"],
         "reports": [
-            {"kind": r.kind, "deployed": r.deployed, "notes": r.notes, "variant": r.variant}
+            {"kind": r.kind, "deployed": r.deployed, "notes": r.notes, "variant": r.variant,
+             "program": r.permuted_source if r.deployed else None}
             for r in inductor_pass.reports()
         ],
         "grads": [p.grad.view(torch.int32).tolist() for p in m.parameters()],
@@ -71,6 +72,9 @@ def test_warm_process_reuses_caches_and_decisions(tmp_path):
     assert [(r["kind"], r["deployed"], r["variant"]) for r in warm["reports"]] == [
         (r["kind"], r["deployed"], r["variant"]) for r in cold["reports"]
     ]
+    # The warm process deploys the very program the cold one built (source for source).
+    assert any(r["deployed"] for r in cold["reports"])
+    assert [r["program"] for r in warm["reports"]] == [r["program"] for r in cold["reports"]]
     # A variant chosen in the cold process is loaded from the cache and runs.
     assert cold["mixer"] == warm["mixer"]
     # Decisions gone, graphs still in AOTAutograd's cache: the variant programs
