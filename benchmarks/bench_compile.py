@@ -181,10 +181,14 @@ def _run(name: str, backend: str, cache: str) -> dict[str, float]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def _measure(name: str, reps: int, warm_runs: int) -> dict[tuple[str, str], list[dict]]:
+def _measure(
+    name: str, reps: int, warm_runs: int, shared: list[str] | None
+) -> dict[tuple[str, str], list[dict]]:
     """``reps`` cold fills per backend, each followed by ``warm_runs`` warm runs on its
     directory; the two backends' processes interleaved (the warm rounds in alternating
-    order), so that both see the same load. Keyed by (backend, "cold" | "warm")."""
+    order), so that both see the same load. ``shared``: rep ``i`` fills and runs both
+    backends in directory ``shared[i]`` (kept across models: a fill reuses the kernels
+    already there, so its cells are "fill", not "cold"). Keyed by (backend, mode)."""
     backends = ("inductor", "torch_replay")
     cells: dict[tuple[str, str], list[dict]] = {}
 
@@ -195,12 +199,15 @@ def _measure(name: str, reps: int, warm_runs: int) -> dict[tuple[str, str], list
 
     for rep in range(reps):
         with contextlib.ExitStack() as stack:
-            caches = {
-                b: stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_compile_"))
-                for b in backends
-            }
+            if shared:
+                caches = dict.fromkeys(backends, shared[rep])
+            else:
+                caches = {
+                    b: stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_compile_"))
+                    for b in backends
+                }
             for b in backends:
-                one(b, "cold", caches[b], rep)
+                one(b, "fill" if shared else "cold", caches[b], rep)
             for k in range(warm_runs):
                 for b in backends if (rep + k) % 2 == 0 else backends[::-1]:
                     one(b, "warm", caches[b], rep)
@@ -222,6 +229,11 @@ def main() -> None:
     ap.add_argument(
         "--warm-runs", type=int, default=1, help="warm processes per backend after each cold fill"
     )
+    ap.add_argument(
+        "--warm-only",
+        action="store_true",
+        help="one cache directory per rep for all models and both backends; warm rows only",
+    )
     ap.add_argument("--out", default=None, help="write the markdown table here")
     ap.add_argument("--tv-size", type=int, default=64, help="input side of tv: models")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
@@ -237,25 +249,40 @@ def main() -> None:
 
         at = names.index("hf")
         names[at : at + 1] = [f"hf:{k}{f}" for f in HF_MODELS for k in ("inference:", "")]
-    for name in names:
-        cells = _measure(name, args.reps, args.warm_runs)
+    with contextlib.ExitStack() as stack:
+        shared = None
+        if args.warm_only:
+            shared = [
+                stack.enter_context(tempfile.TemporaryDirectory(prefix="bench_compile_"))
+                for _ in range(args.reps)
+            ]
+        for name in names:
+            cells = _measure(name, args.reps, args.warm_runs, shared)
 
-        def med(backend: str, mode: str, key: str, cells=cells) -> float:
-            return statistics.median(r[key] for r in cells[(backend, mode)])
+            def med(backend: str, mode: str, key: str, cells=cells) -> float:
+                return statistics.median(r[key] for r in cells[(backend, mode)])
 
-        for mode in ("cold", "warm"):
-            ci, cr = med("inductor", mode, "compile_s"), med("torch_replay", mode, "compile_s")
-            pi = med("inductor", mode, "compile_cpu_s")
-            pr = med("torch_replay", mode, "compile_cpu_s")
-            mi, mr = med("inductor", mode, "maxrss_mib"), med("torch_replay", mode, "maxrss_mib")
-            ii, ir = med("inductor", mode, "import_s"), med("torch_replay", mode, "import_s")
-            kr = med("torch_replay", mode, "child_maxrss_mib")
-            n = len(cells[("inductor", mode)])
-            rows.append(
-                f"| {name} | {mode} | {n} | {ci:.2f} | {cr:.2f} | {cr / ci:.3f} | "
-                f"{pi:.2f} | {pr:.2f} | {pr / pi:.3f} | "
-                f"{mi:.0f} | {mr:.0f} | {mr / mi:.3f} | {kr:.0f} | {ir - ii:+.2f} |"
-            )
+            for mode in ("warm",) if args.warm_only else ("cold", "warm"):
+                ci, cr = med("inductor", mode, "compile_s"), med("torch_replay", mode, "compile_s")
+                pi = med("inductor", mode, "compile_cpu_s")
+                pr = med("torch_replay", mode, "compile_cpu_s")
+                mi, mr = (
+                    med("inductor", mode, "maxrss_mib"),
+                    med("torch_replay", mode, "maxrss_mib"),
+                )
+                ii, ir = med("inductor", mode, "import_s"), med("torch_replay", mode, "import_s")
+                kr = med("torch_replay", mode, "child_maxrss_mib")
+                n = len(cells[("inductor", mode)])
+                rows.append(
+                    f"| {name} | {mode} | {n} | {ci:.2f} | {cr:.2f} | {cr / ci:.3f} | "
+                    f"{pi:.2f} | {pr:.2f} | {pr / pi:.3f} | "
+                    f"{mi:.0f} | {mr:.0f} | {mr / mi:.3f} | {kr:.0f} | {ir - ii:+.2f} |"
+                )
+            _emit(args, rows)  # after every model: a long run's table so far
+
+
+def _emit(args: argparse.Namespace, rows: list[str]) -> None:
+    """Print the table of ``rows``; write it to ``args.out`` when given."""
     cmd = " ".join(shlex.quote(a) for a in ["python", *sys.argv])
     table = "\n".join(
         [
@@ -264,7 +291,16 @@ def main() -> None:
             f"Medians over the n fresh processes per backend and cell ({args.reps} cold fills, "
             f"each followed by {args.warm_runs} warm runs; cold: empty TORCHINDUCTOR_CACHE_DIR; "
             "warm: the directory its backend's cold run filled; the two backends' processes "
-            "interleaved). compile = first step - steady step, wall (s) and this process's CPU "
+            "interleaved). "
+            + (
+                "--warm-only: one cache directory per rep for the whole run, shared by both "
+                "backends and all models (a fill reuses kernels already built there; Inductor's "
+                "cache entries are keyed by the pass's salt, so each warm run finds its own "
+                "backend's); no cold rows. "
+                if args.warm_only
+                else ""
+            )
+            + "compile = first step - steady step, wall (s) and this process's CPU "
             "time (s), with torch._inductor.compile_fx imported beforehand in both; "
             "RSS = process peak (MiB); child RSS = peak RSS of torch_replay's largest reaped "
             "child, the forked variant generator (MiB, pages shared with the parent included); "
@@ -279,7 +315,7 @@ def main() -> None:
             *rows,
         ]
     )
-    print(table)
+    print(table, flush=True)
     if args.out:
         with open(args.out, "w") as f:
             f.write(table + "\n")
