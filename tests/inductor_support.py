@@ -20,6 +20,7 @@ import inductor_pass
 from inductor_pass.stages.guard import counting_window
 
 __all__ = [
+    "Branchy",
     "ConvNet",
     "Mixer",
     "SegmentNet",
@@ -129,6 +130,20 @@ class Mixer(nn.Module):
 
     def forward(self, x):
         return self.head(self.blocks(self.stem(x)).mean(1))
+
+
+class Branchy(nn.Module):
+    """Two wide branches into one head: Inductor's order holds both branches' activations at
+    once, and the pass deploys a permutation of the default program (a cached decision)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 512)
+        self.b = nn.Linear(64, 512)
+        self.h = nn.Linear(512, 8)
+
+    def forward(self, x):
+        return self.h(torch.relu(self.a(x))) * self.h(torch.tanh(self.b(x)))
 
 
 class Summed(nn.Module):

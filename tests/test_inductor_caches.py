@@ -21,20 +21,10 @@ _WARM = textwrap.dedent(
     import torch
     import inductor_pass
     from torch._dynamo.utils import counters
-    from tests.inductor_support import call_peak, mixer_and_input
+    from tests.inductor_support import Branchy, call_peak, mixer_and_input
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-
-    class Branchy(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Linear(64, 512)
-            self.b = torch.nn.Linear(64, 512)
-            self.h = torch.nn.Linear(512, 8)
-
-        def forward(self, x):
-            return self.h(torch.relu(self.a(x))) * self.h(torch.tanh(self.b(x)))
 
     m = Branchy()
     x = torch.randn(256, 64)
@@ -46,7 +36,8 @@ _WARM = textwrap.dedent(
     print(json.dumps({
         "aot_hits": counters["aot_autograd"]["autograd_cache_hit"],
         "reports": [
-            {"kind": r.kind, "deployed": r.deployed, "notes": r.notes, "variant": r.variant}
+            {"kind": r.kind, "deployed": r.deployed, "notes": r.notes, "variant": r.variant,
+             "program": r.permuted_source if r.deployed else None}
             for r in inductor_pass.reports()
         ],
         "grads": [p.grad.view(torch.int32).tolist() for p in m.parameters()],
@@ -70,6 +61,18 @@ def test_warm_process_reuses_caches_and_decisions(tmp_path):
     assert [r["kind"] for r in cold["reports"]] == ["forward", "backward", "inference"]
     assert [(r["kind"], r["deployed"], r["variant"]) for r in warm["reports"]] == [
         (r["kind"], r["deployed"], r["variant"]) for r in cold["reports"]
+    ]
+    # A cached permutation of the default program is the very program the cold process
+    # deployed (source for source). Not compared for a deployed variant: there the cold
+    # report's permuted_source can be the variant's rejected permutation.
+    perm = [
+        i
+        for i, r in enumerate(cold["reports"])
+        if r["deployed"] and r["variant"] in (None, "default")
+    ]
+    assert perm, cold["reports"]
+    assert [warm["reports"][i]["program"] for i in perm] == [
+        cold["reports"][i]["program"] for i in perm
     ]
     # A variant chosen in the cold process is loaded from the cache and runs.
     assert cold["mixer"] == warm["mixer"]
@@ -96,3 +99,52 @@ def test_warm_process_reuses_caches_and_decisions(tmp_path):
         assert any("decision from the pass's cache" in n for n in r["notes"])
     assert cold["grads"] == warm["grads"]
     assert os.listdir(tmp_path / "inductor" / "torch_replay_decisions")
+
+
+_PARSES = textwrap.dedent(
+    """
+    import cProfile, json, pstats
+    import torch
+    import inductor_pass
+    from tests.inductor_support import Branchy
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    f = torch.compile(Branchy(), backend="torch_replay")
+    x = torch.randn(256, 64)
+    profiler = cProfile.Profile()
+    profiler.enable()
+    f(x).pow(2).sum().backward()
+    profiler.disable()
+    parses = sum(
+        calls for (_, _, fn), (calls, *_) in pstats.Stats(profiler).stats.items()
+        if fn == "parse_wrapper"
+    )
+    print(json.dumps({
+        "parses": parses,
+        "reports": [(r.kind, r.deployed, r.variant, " ".join(r.notes))
+                    for r in inductor_pass.reports()],
+    }))
+    """
+)
+
+
+def test_warm_first_call_parses_no_wrapper(tmp_path):
+    # A warm process deploys a cached permutation from the cached program's source: it
+    # parses no wrapper (the parse of a large wrapper was most of a warm first call).
+    env = subprocess_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    runs = []
+    for _ in range(2):
+        proc = subprocess.run(
+            [sys.executable, "-c", _PARSES], capture_output=True, text=True, env=env, timeout=900
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["parses"] >= 1  # the pass ran: the count sees parse_wrapper
+    deployed = [r for r in cold["reports"] if r[1]]
+    # permutations of the default program (a variant's own source is parsed when loaded)
+    assert deployed and all(r[2] in (None, "default") for r in deployed), cold["reports"]
+    assert all("decision from the pass's cache" in r[3] for r in warm["reports"])
+    assert [r[:3] for r in warm["reports"]] == [r[:3] for r in cold["reports"]]
+    assert warm["parses"] == 0

@@ -8,12 +8,13 @@ itself (its sources and configuration: ``TorchReplayPass.uuid()``), the torch
 version, and how the call is made: which inputs the call owns (Note [Input
 ownership] in ``inductor_pass/stages/guard.py``), which inputs share a storage, and
 the inputs' metadata. All of these form the key; the value is the decision
-(the permuted statement order, or none) and the report. A warm process then
-rebuilds the permuted ``call`` from the original source and the cached order
-(:func:`inductor_pass.program.wrapper_ast.render_region`, milliseconds) and runs no
-kernel of the pass, so Inductor's own caches (FX graph and AOTAutograd) can
-stay on. A graph loaded from AOTAutograd's cache skips the backend's inner
-compile, so its variant programs (Note [Program variants] in
+(the permuted statement order and the permuted source, or none) and the report.
+A warm process then builds the permuted ``call`` from the cached source (it
+parses no wrapper: parsing GPT-2's forward wrapper cost more than the rest of a
+warm first call, see ``benchmarks/results/compile_hf.md``) and runs no kernel of
+the pass, so Inductor's own caches (FX graph and AOTAutograd) can stay on. A
+graph loaded from AOTAutograd's cache skips the backend's inner compile, so
+its variant programs (Note [Program variants] in
 ``inductor_pass/variants/choose.py``) are not compiled again: their sources are kept
 here too, keyed by the default program's source, and loaded like a cached
 wrapper. With the decision cache off, the backend turns AOTAutograd's cache
@@ -52,7 +53,7 @@ __all__ = [
     "enabled",
 ]
 
-_VERSION = 2
+_VERSION = 3
 
 
 def enabled(config: Any) -> bool:
@@ -166,9 +167,10 @@ def store(key: str, decision: dict[str, Any], report: dict[str, Any]) -> None:
 
     Args:
         key: From :func:`decision_key`.
-        decision: ``{"variant", "order", "source"}``: the chosen program's name,
-            its permuted region order (None: as emitted) and, for a variant
-            other than the default, its source.
+        decision: ``{"variant", "order", "permuted", "source"}``: the chosen
+            program's name, its permuted region order (None: as emitted), the
+            permuted program's source (with an order) and, for a variant other
+            than the default, its source.
         report: ``GraphReport.as_dict()``.
     """
     _write(key, {"version": _VERSION, "decision": decision, "report": report})

@@ -7,7 +7,6 @@ from typing import Any
 
 from inductor_pass.config import PassConfig
 from inductor_pass.observe import notify, span
-from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
 from inductor_pass.report import GraphReport, failed, record
 from inductor_pass.runtime import decision_cache
 from inductor_pass.runtime.salt import pass_uuid
@@ -161,6 +160,8 @@ class FirstCallPass:
             rep.notes.append(why)
         rep.pass_seconds = time.perf_counter() - t0  # every program's pass, and the choice
         entry: dict[str, Any] = {"variant": best.name, "order": best.order}
+        if best.order is not None:  # a warm process builds it without parsing the wrapper
+            entry["permuted"] = best.report.permuted_source
         if best is not cands[0]:
             rep.variant = best.name
             rep.deployed = True
@@ -225,22 +226,21 @@ class FirstCallPass:
         decision = entry.get("decision") or {}
         order = decision.get("order")
         variant_source = decision.get("source")
-        base_source, base_glob, base_parts = source, glob, partitions
+        base_glob, base_parts = glob, partitions
         if variant_source is not None:
             loaded = decision_cache.load_program(variant_source)
             if loaded is None:
                 return None
             force_kernels(loaded.globals)  # in parallel, before the program runs
-            base_source, base_glob = variant_source, loaded.globals
+            base_glob = loaded.globals
             base_call, base_parts = loaded.call, loaded.partitions
         rep = GraphReport.from_dict(entry.get("report") or {})
         rep.kind = kind
         rep.original_source = source
         if order is not None:
-            wrapper = parse_wrapper(base_source)
-            if sorted(order) != list(range(len(wrapper.region))):
+            new_src = decision.get("permuted")
+            if not isinstance(new_src, str):
                 return None
-            new_src = render_region(wrapper, list(order))
             self._next, _ = guard.build_call(
                 new_src,
                 base_glob,
