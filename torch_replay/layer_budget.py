@@ -417,6 +417,9 @@ def plan_layers(
     kw = dict(calibration or {})
     out = kw.pop("out", None)
     kw.setdefault("progress", False)
+    if kw.pop("quick", False):  # one warm-up: otherwise the first option measured pays it
+        kw.setdefault("reps", 1)
+        kw.setdefault("warmup", 1)
     loss_fn = loss_fn or step_loss
     names_of = {id(m): n for n, m in model.named_modules()}
     names = [names_of.get(id(m), f"layer{i}") for i, m in enumerate(layers)]

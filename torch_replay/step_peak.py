@@ -4,7 +4,8 @@
 
 * the plan's predicted peak (``plan.peak``, when a plan is given);
 * the measured peak: the bytes held when the step starts (distinct storages of the
-  model's parameters, buffers and gradients and of the optimizer's state) plus the peak,
+  model's parameters, buffers and gradients and of the optimizer's state, each counted
+  until it is freed: ``zero_grad(set_to_none=True)`` frees the gradients) plus the peak,
   over the step, of the tensor storages its operators created and still alive
   (:class:`~torch_replay._peak.LiveBytesTracker`, sampled after every operator) and the
   bytes the preservation engines hold in C++ (:func:`torch_replay.engine_bytes`, which
@@ -17,6 +18,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +82,10 @@ def _optimizer_tensors(optimizer: torch.optim.Optimizer | None) -> list[torch.Te
     return [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
+def _add(counter: list[int], nbytes: int) -> None:
+    counter[0] += nbytes
+
+
 def measure_step(
     step: Callable[[], Any],
     model: torch.nn.Module,
@@ -103,13 +109,22 @@ def measure_step(
 
     held = [*model.parameters(), *model.buffers()]
     held += [p.grad for p in model.parameters() if p.grad is not None]
-    static = static_bytes([*held, *_optimizer_tensors(optimizer)])
+    held += _optimizer_tensors(optimizer)
+    static = static_bytes(held)
     device = next((p.device.type for p in model.parameters()), "cpu")
     engines = [0]
+    freed = [0]  # bytes held at the start and freed since (gradients set to None)
+    storages = {}
+    for t in held:
+        if t.layout == torch.strided:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage()
+    for s in storages.values():
+        weakref.finalize(s, _add, freed, s.nbytes())
+    del storages, held
 
     def extra() -> int:
         engines[0] = max(engines[0], n := engine_bytes())
-        return n
+        return n - freed[0]
 
     tracker = LiveBytesTracker(extra)
     physical = PhysicalPeak(device)
