@@ -462,8 +462,8 @@ def plan_layers(
             f"no layer plan of {type(model).__name__} fits budget={budget} bytes: the "
             f"smallest feasible budget is {e.min_budget} bytes ({e.min_budget / 2**20:.2f} "
             f"MiB), with persistent bytes {step} (StepMemory: parameters, buffers, "
-            f"gradients, optimizer state) and {outside_bytes} outside the layers, and every "
-            "layer checkpointed. Raise the budget, or lower the persistent bytes (a smaller "
+            f"gradients, optimizer state) and {outside_bytes} outside the layers, for the "
+            "leanest choice per layer. Raise the budget, or lower the persistent bytes (a smaller "
             "batch, fewer optimizer slots). The model was not changed.",
             min_budget=e.min_budget,
         ) from None
