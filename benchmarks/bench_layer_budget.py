@@ -8,7 +8,8 @@ Models (transformers, built from configs, no downloads; dropout on):
 
 * ``llama``: Llama-style causal LM, 8 layers, hidden 256, sequence 256, batch 2;
 * ``conformer``: Wav2Vec2-Conformer encoder, whose layers hold BatchNorm (its running
-  statistics are updated twice by torch's checkpoint: preservation matters).
+  statistics are updated twice by torch's checkpoint: preservation matters); LayerDrop
+  off (it would skip random layers, differently under torch.compile).
 
 Rows, each run in its own fresh process per round (rounds interleaved, the order
 rotated): no checkpointing; transformers' own checkpointing (torch.utils.checkpoint)
@@ -73,7 +74,7 @@ def build(name: str, quick: bool):
             intermediate_size=2 * hidden, conv_dim=(32, 32), conv_stride=(5, 4),
             conv_kernel=(10, 4), num_feat_extract_layers=2, conv_depthwise_kernel_size=15,
             num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, mask_time_prob=0.0,
-            hidden_dropout=0.1, attention_dropout=0.1, vocab_size=16,
+            hidden_dropout=0.1, attention_dropout=0.1, vocab_size=16, layerdrop=0.0,
         )  # fmt: skip
         model = T.Wav2Vec2ConformerModel(cfg)
         x = torch.randn(2, samples, generator=torch.Generator().manual_seed(3))
