@@ -23,8 +23,8 @@ traffic] in ``fsdp.py``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -36,6 +36,9 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 from .checkpoint import checkpoint
+
+if TYPE_CHECKING:
+    from .planner import Plan
 
 __all__ = [
     "ReplayCheckpointWrapper",
@@ -151,31 +154,79 @@ def apply_activation_checkpointing(
     *,
     check_fn: Callable[[torch.nn.Module], bool] = lambda _: True,
     auto_wrap_policy: Callable[..., bool] | None = None,
+    budget: int | None = None,
+    example_input: Any = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    step_memory: Any = None,
+    costs: Any = None,
+    calibration: Mapping[str, Any] | None = None,
     **wrapper_kwargs: Any,
-) -> None:
+) -> Plan | None:
     """Wrap the submodules of ``model`` that ``check_fn`` (or ``auto_wrap_policy``)
-    selects with :func:`checkpoint_wrapper`, in place.
+    selects with :func:`checkpoint_wrapper`, in place; with ``budget=``, only those the
+    exact planner chooses.
 
     The twin of torch's ``apply_activation_checkpointing``, with the same selection
     (torch's own function does the walk): the root is never wrapped, a policy takes
-    precedence over ``check_fn``.
+    precedence over ``check_fn``. With ``budget=`` (Note [Layer plans] in
+    ``layer_budget.py``), each distinct selected module is calibrated once on
+    ``example_input``, the planner picks per module keep (not wrapped) or checkpoint
+    with an engine, and the plan is applied and returned.
 
     Args:
         model: the model, changed in place.
-        check_fn: called with each submodule; ``True`` wraps it.
-        auto_wrap_policy: an FSDP-style wrap policy (a callable or a ``_Policy``).
+        check_fn: called with each submodule; ``True`` wraps it (with ``budget=``: makes
+            it a candidate; of nested candidates the outermost is planned).
+        auto_wrap_policy: an FSDP-style wrap policy (a callable or a ``_Policy``); not
+            with ``budget=``.
+        budget: memory budget of one training step in bytes (None: wrap every selected
+            module, as torch).
+        example_input: with ``budget=``: the model's input (a tensor, a tuple of
+            arguments or a dict of keyword arguments) for the calibration.
+        loss_fn: with ``budget=``: maps the model's output to the loss (default: its
+            ``.loss``, else the mean of squares of its first tensor).
+        step_memory: with ``budget=``: the persistent bytes, a
+            :class:`torch_replay.layer_budget.StepMemory` (default: gradients and two
+            optimizer slots per trainable parameter, as AdamW) or a byte count.
+        costs: with ``budget=``: a layer costs file (or dict) written by an earlier
+            plan (``calibration={"out": path}``), checked against ``model``.
+        calibration: with ``budget=``: ``quick``, ``reps``, ``warmup``, ``options``,
+            ``progress`` of :func:`torch_replay.calibrate_model`, and ``out``.
         **wrapper_kwargs: keywords of :func:`checkpoint_wrapper` (``use_reentrant``,
             ``replay_state``, ``replay_engine`` and the checkpoint keywords); a list
-            ``replay_state`` is declared for every wrapped module.
+            ``replay_state`` is declared for every wrapped module. With ``budget=``, a
+            ``replay_engine`` other than ``"auto"`` limits the plan to that engine.
 
     Returns:
-        None (``model`` is modified in place).
+        None (``model`` is modified in place); with ``budget=``, the applied
+        :class:`torch_replay.layer_budget.LayerPlan` (a :class:`torch_replay.Plan`).
 
     Raises:
         TypeError, ValueError: as :func:`checkpoint_wrapper`, before ``model`` changes.
+        InfeasibleBudgetError: no plan fits ``budget`` (``min_budget`` says what
+            does); the model is not changed.
+        CostsMismatchError: ``costs`` were calibrated on another model.
     """
     _refuse_own_keywords(wrapper_kwargs, "apply_activation_checkpointing")
     resolve_state(wrapper_kwargs.get("replay_state", "module"), model, "module")  # check early
+    if budget is not None:
+        return _apply_budget(
+            model,
+            check_fn,
+            auto_wrap_policy,
+            budget=budget,
+            example_input=example_input,
+            loss_fn=loss_fn,
+            step_memory=step_memory,
+            costs=costs,
+            calibration=calibration,
+            **wrapper_kwargs,
+        )
+    unused = {"example_input": example_input, "loss_fn": loss_fn, "step_memory": step_memory}
+    unused.update(costs=costs, calibration=calibration)
+    for name, value in unused.items():
+        if value is not None:
+            raise TypeError(f"torch_replay.apply_activation_checkpointing: {name}= needs budget=")
     _torch_apply(
         model,
         checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, **wrapper_kwargs),
@@ -200,6 +251,50 @@ def checkpoint_modules(
     """
     chosen = {id(m) for m in modules}
     apply_activation_checkpointing(model, check_fn=lambda m: id(m) in chosen, **wrapper_kwargs)
+
+
+def _apply_budget(model, check_fn, auto_wrap_policy, *, budget, example_input, **kwargs):
+    """The ``budget=`` path of :func:`apply_activation_checkpointing`."""
+    from .layer_budget import outermost, plan_layers, run_example
+
+    if auto_wrap_policy is not None:
+        raise TypeError(
+            "torch_replay.apply_activation_checkpointing: budget= plans the modules check_fn "
+            "selects; give check_fn instead of auto_wrap_policy"
+        )
+    if example_input is None:
+        raise TypeError(
+            "torch_replay.apply_activation_checkpointing: budget= needs example_input= "
+            "(the model's input, to calibrate each distinct module once)"
+        )
+    plan_kw = {k: kwargs.pop(k) for k in ("loss_fn", "step_memory", "costs", "calibration")}
+    replay_state = kwargs.get("replay_state", "module")
+    engine = kwargs.pop("replay_engine", "auto")
+    if engine != "auto":
+        calibration = dict(plan_kw["calibration"] or {})
+        calibration.setdefault("options", ["eager", engine])
+        plan_kw["calibration"] = calibration
+    candidates = outermost(model, check_fn)
+    if not candidates:
+        raise ValueError(
+            "torch_replay.apply_activation_checkpointing: check_fn selects no submodule of "
+            f"{type(model).__name__}, so there is nothing to plan. The model was not changed."
+        )
+    chosen = plan_layers(
+        model,
+        candidates,
+        run_example(model, example_input),
+        budget=budget,
+        state_of=lambda m: resolve_state(replay_state, m, "module"),
+        **plan_kw,
+    )
+    by_engine: dict[str, list[torch.nn.Module]] = {}
+    for m, choice in zip(candidates, chosen.choices, strict=True):
+        if choice != "eager":
+            by_engine.setdefault(choice, []).append(m)
+    for name, mods in by_engine.items():
+        checkpoint_modules(model, mods, replay_engine=name, **kwargs)
+    return chosen
 
 
 def _refuse_own_keywords(kwargs: dict[str, Any], where: str) -> None:

@@ -24,9 +24,10 @@ options. The layer's forward takes ``**kwargs``, so torch_replay's options are s
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd.graph import save_on_cpu
@@ -35,10 +36,13 @@ from ..checkpoint import checkpoint
 from ..errors import UnsupportedReplayError
 from ..wrapper import resolve_state
 
+if TYPE_CHECKING:
+    from ..planner import Plan
+
 __all__ = ["checkpoint_layers", "disable", "enable", "layers"]
 
 _FUNCTION = "_gradient_checkpointing_func"  # what GradientCheckpointingLayer.forward calls
-_REFUSED = ("state", "engine", "gradient_checkpointing_func", "budget")
+_REFUSED = ("state", "engine", "gradient_checkpointing_func")
 
 
 def _gradient_checkpointing_layer() -> type:
@@ -92,11 +96,9 @@ def _layer_function(layer, *, use_reentrant, replay_state, replay_engine, offloa
 def _check(model: torch.nn.Module, kwargs: dict[str, Any]) -> list[torch.nn.Module]:
     for name in _REFUSED:
         if name in kwargs:
-            hint = {
-                "state": "replay_state=",
-                "engine": "replay_engine=",
-                "budget": "enable() without budget= (not available in this version)",
-            }.get(name, "nothing: the checkpoint function is torch_replay.checkpoint")
+            hint = {"state": "replay_state=", "engine": "replay_engine="}.get(
+                name, "nothing: the checkpoint function is torch_replay.checkpoint"
+            )
             raise TypeError(f"torch_replay.integrations.transformers: {name}= is not taken; {hint}")
     found = layers(model)
     if found and _FUNCTION not in type(found[0]).forward.__code__.co_names:
@@ -187,8 +189,14 @@ def enable(
     replay_state: Any = "layer",
     replay_engine: str = "auto",
     offload: bool = False,
+    budget: int | None = None,
+    example_batch: Mapping[str, Any] | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    step_memory: Any = None,
+    costs: Any = None,
+    calibration: Mapping[str, Any] | None = None,
     **checkpoint_kwargs: Any,
-) -> None:
+) -> Plan | None:
     """Turn on activation checkpointing of ``model``'s layers with ``tr.checkpoint``.
 
     The torch_replay twin of ``model.activation_checkpointing_enable(...)`` (Note [HF
@@ -206,12 +214,30 @@ def enable(
         replay_engine: the preservation engine (``engine=`` of ``tr.checkpoint``).
         offload: hold the tensors kept for the re-run (the layers' inputs) in pinned
             host memory, as transformers' ``offload=True``.
+        budget: memory budget of one training step in bytes (None: checkpoint every
+            n-th layer). With it, each distinct layer is calibrated once on
+            ``example_batch``, the exact planner picks per layer keep (not
+            checkpointed) or checkpoint with an engine, and the plan is applied (Note
+            [Layer plans] in ``torch_replay/layer_budget.py``).
+        example_batch: with ``budget=``: the model's keyword arguments for one step
+            (``input_ids``, ``labels``, ...); the model runs in the mode it is in.
+        loss_fn: with ``budget=``: maps the output to the loss (default: ``.loss``,
+            else the mean of squares of the first tensor).
+        step_memory: with ``budget=``: the persistent bytes, a
+            :class:`torch_replay.layer_budget.StepMemory` (default: gradients and two
+            optimizer slots per trainable parameter, as AdamW) or a byte count.
+        costs: with ``budget=``: a layer costs file (or dict) from an earlier plan
+            (``calibration={"out": path}``), checked against ``model``.
+        calibration: with ``budget=``: ``quick``, ``reps``, ``warmup``, ``options``,
+            ``progress`` of :func:`torch_replay.calibrate_model`, and ``out``.
         **checkpoint_kwargs: other keywords of :func:`torch_replay.checkpoint`
             (``preserve_rng_state``, ``context_fn``, ``determinism_check``, ``debug``,
             ``early_stop``).
 
     Returns:
-        None (``model`` is changed in place; undo with :func:`disable`).
+        None (``model`` is changed in place; undo with :func:`disable`); with
+        ``budget=``, the applied :class:`torch_replay.layer_budget.LayerPlan` (a
+        :class:`torch_replay.Plan`).
 
     Raises:
         ValueError: the model does not support checkpointing, or ``replay_state`` is a
@@ -220,18 +246,92 @@ def enable(
             function transformers installs (a version this does not know).
         TypeError: ``state=`` / ``engine=`` (spelled ``replay_state=`` /
             ``replay_engine=`` here) or ``gradient_checkpointing_func=``.
+        InfeasibleBudgetError: no plan fits ``budget`` (``min_budget`` says what
+            does); the model is not changed.
+        CostsMismatchError: ``costs`` were calibrated on another model.
     """
+    options = dict(use_reentrant=use_reentrant, replay_state=replay_state, offload=offload)
+    if budget is not None:
+        if every_n_layers != 1:
+            raise TypeError(
+                "torch_replay.integrations.transformers: budget= plans every layer; drop every_n_layers="
+            )
+        plan_kw = dict(
+            loss_fn=loss_fn, step_memory=step_memory, costs=costs, calibration=calibration
+        )
+        return _enable_budget(
+            model, budget, example_batch, plan_kw, replay_engine, options, checkpoint_kwargs
+        )
+    unused = dict(example_batch=example_batch, loss_fn=loss_fn, step_memory=step_memory)
+    unused.update(costs=costs, calibration=calibration)
+    for name, value in unused.items():
+        if value is not None:
+            raise TypeError(f"torch_replay.integrations.transformers: {name}= needs budget=")
     if every_n_layers < 1:
         raise ValueError(f"every_n_layers must be at least 1, got {every_n_layers}")
     checkpoint_layers(
         model,
         layers(model)[::every_n_layers],  # transformers' count (_set_gradient_checkpointing)
-        use_reentrant=use_reentrant,
-        replay_state=replay_state,
         replay_engine=replay_engine,
-        offload=offload,
+        **options,
         **checkpoint_kwargs,
     )
+
+
+@contextlib.contextmanager
+def _not_checkpointed(found: Iterable[torch.nn.Module]):
+    """Layers run plainly inside (an earlier enable() undone for the calibration)."""
+    saved = [(m, m.__dict__.get("gradient_checkpointing", _UNSET)) for m in found]
+    for m, _ in saved:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m, flag in saved:
+            if flag is _UNSET:
+                del m.gradient_checkpointing
+            else:
+                m.gradient_checkpointing = flag
+
+
+_UNSET = object()
+
+
+def _enable_budget(model, budget, example_batch, plan_kw, engine, options, checkpoint_kwargs):
+    """The ``budget=`` path of :func:`enable`."""
+    from ..layer_budget import plan_layers, run_example
+
+    found = _check(model, checkpoint_kwargs)
+    replay_state = options["replay_state"]
+    resolve_state(replay_state, found[0], "layer")  # refuse a bad value before changing
+    if not isinstance(example_batch, Mapping):
+        raise TypeError(
+            "torch_replay.integrations.transformers: budget= needs example_batch= (the "
+            "model's keyword arguments for one step, a dict such as {'input_ids': ids, "
+            f"'labels': ids}}), got {type(example_batch).__name__}"
+        )
+    if engine != "auto":
+        calibration = dict(plan_kw["calibration"] or {})
+        calibration.setdefault("options", ["eager", engine])
+        plan_kw["calibration"] = calibration
+    with _not_checkpointed(found):
+        chosen = plan_layers(
+            model,
+            found,
+            run_example(model, example_batch),
+            budget=budget,
+            state_of=lambda m: resolve_state(replay_state, m, "layer"),
+            drop_cache=True,
+            **plan_kw,
+        )
+    picked = [m for m, c in zip(found, chosen.choices, strict=True) if c != "eager"]
+    checkpoint_layers(model, picked, **options, **checkpoint_kwargs)
+    for layer, choice in zip(found, chosen.choices, strict=True):
+        if choice != "eager":
+            layer._gradient_checkpointing_func = _layer_function(
+                layer, replay_engine=choice, **options, **checkpoint_kwargs
+            )
+    return chosen
 
 
 def disable(model: torch.nn.Module) -> None:

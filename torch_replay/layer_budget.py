@@ -1,0 +1,525 @@
+"""Budget plans for layer-wise models: which layers keep their activations and which are
+checkpointed (and with which engine), from measured per-layer costs.
+
+Note [Layer plans]
+A layer-wise model (a transformers model's ``GradientCheckpointingLayer`` s, or the blocks
+``tr.apply_activation_checkpointing`` selects) is not a ``PlannedSequential``: its layers
+take keyword arguments (masks, position embeddings) and the model runs code between them
+(embeddings, the head, the loss). :func:`plan_layers` plans it as follows.
+
+1. **Capture.** One forward of the example call, without gradients, records each layer's
+   arguments (pre-hooks); buffers, gradients and torch's CPU generator are restored after.
+2. **Group.** A layer's fingerprint is its class, parameter and buffer names, shapes and
+   dtypes and its arguments' shapes and dtypes (as in a costs file,
+   ``torch_replay.calibrate.fingerprint``). Layers with the same fingerprint form a group.
+3. **Calibrate** one layer per group with :func:`torch_replay.calibrate_model`'s machinery
+   (``measure_segments``): the layer is bound to its captured keyword arguments and run
+   as a one-segment workload with every option (``eager`` and the engines); its declared
+   state is what the application declares (``replay_state``). Identical layers share the
+   group's costs.
+4. **Outside bytes.** The model's memory outside its layers (embeddings, the head's
+   logits, the loss) is one tracked training step with every layer kept, minus what the
+   layer costs predict for it: ``outside = measured - (static + gradients + sum(eager
+   retained) + max(eager transient))`` (at least 0). The all-kept prediction is then the
+   measured step by construction; the other plans are predicted from the layer costs.
+5. **Plan** with the exact planner (:func:`torch_replay.plan`), persistent bytes =
+   :class:`StepMemory` (parameters, buffers, gradients, optimizer state as the user's step
+   holds them) + outside bytes. An infeasible budget raises
+   :class:`~torch_replay.InfeasibleBudgetError` before anything is changed.
+
+The costs (groups, outside bytes, the model's fingerprint) can be written to a file and
+given back (``costs=``); costs of another model raise
+:class:`~torch_replay.CostsMismatchError`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from ._peak import LiveBytesTracker, _default_loss, static_bytes
+from .calibrate.fingerprint import (
+    _describe_segment,
+    _describe_value,
+    _first_difference,
+    _Kept,
+    machine_info,
+)
+from .errors import CostsMismatchError, InfeasibleBudgetError
+from .planner import Option, Plan, plan
+
+__all__ = [
+    "LAYER_SCHEMA",
+    "LayerPlan",
+    "StepMemory",
+    "outermost",
+    "plan_layers",
+    "run_example",
+    "step_loss",
+]
+
+LAYER_SCHEMA = "torch_replay.layer_costs/1"
+"""Version tag of a layer costs file."""
+
+_CACHE_KEYWORDS = {"use_cache": False, "past_key_values": None, "layer_past": None}
+
+
+@dataclass(kw_only=True, slots=True)
+class StepMemory:
+    """What the training step holds for its whole length besides activations: the
+    persistent bytes of a layer plan (an explicit assumption; state yours).
+
+    The bytes are ``parameters and buffers`` (distinct storages) ``+ grads x trainable
+    + optimizer_slots x trainable + extra``, where ``trainable`` is the bytes of the
+    parameters that require grad.
+    """
+
+    grads: bool = True
+    """One ``.grad`` per trainable parameter through the step (conservative: with
+    ``zero_grad(set_to_none=True)`` they appear during backward)."""
+    optimizer_slots: int = 2
+    """Tensors of each trainable parameter's size the optimizer holds: 2 for Adam and
+    AdamW (``exp_avg``, ``exp_avg_sq``), 1 for SGD with momentum, 0 for plain SGD."""
+    extra: int = 0
+    """Any other bytes held throughout (a data batch on the device, a queue)."""
+
+    def bytes(self, model: torch.nn.Module) -> int:
+        """The persistent bytes of ``model`` under this assumption.
+
+        Args:
+            model: the whole model.
+
+        Returns:
+            Bytes.
+        """
+        static = static_bytes([*model.parameters(), *model.buffers()])
+        trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        return (
+            static
+            + (trainable if self.grads else 0)
+            + self.optimizer_slots * trainable
+            + self.extra
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayerPlan(Plan):
+    """A :class:`~torch_replay.Plan` over a model's layers (one segment per layer).
+
+    ``choices[i]`` is ``"eager"`` (the layer keeps its activations and is not
+    checkpointed) or the engine layer ``i`` is checkpointed with.
+    """
+
+    layer_names: list[str] = field(default_factory=list)
+    """Each layer's module path in the model."""
+    groups: list[int] = field(default_factory=list)
+    """Each layer's group (identical layers share one calibration)."""
+    step_bytes: int = 0
+    """The :class:`StepMemory` part of ``persistent``."""
+    outside_bytes: int = 0
+    """The model's memory outside its layers (Note [Layer plans]), part of ``persistent``."""
+
+    def __str__(self) -> str:
+        fit = "fits" if self.fits else f"OVER by {_mib(self.overshoot)} MiB"
+        lines = [
+            f"layer plan: predicted peak {_mib(self.peak)} MiB, budget {_mib(self.budget)} MiB "
+            f"({fit}), time {self.time * 1e3:.4g} ms; {len(set(self.groups))} distinct "
+            f"layer(s) calibrated for {len(self.layer_names)}",
+            f"  {'layer':<28}{'group':>6}  {'choice':<24}{'retained MiB':>13}"
+            f"{'transient MiB':>14}{'time ms':>9}",
+        ]
+        for name, g, o in zip(self.layer_names, self.groups, self.options, strict=True):
+            what = "kept" if o.name == "eager" else f"checkpointed ({o.name})"
+            lines.append(
+                f"  {name[-28:]:<28}{g:>6}  {what:<24}{_mib(o.retained):>13}"
+                f"{_mib(o.transient):>14}{o.time * 1e3:>9.3f}"
+            )
+        lines.append(
+            f"  peak = step {_mib(self.step_bytes)} + outside the layers "
+            f"{_mib(self.outside_bytes)} + retained {_mib(self.retained)} + max transient "
+            f"{_mib(self.transient)} MiB; smallest feasible budget {_mib(self.min_budget)} MiB"
+        )
+        return "\n".join(lines)
+
+    @property
+    def checkpointed(self) -> list[str]:
+        """Names of the layers that are checkpointed."""
+        return [n for n, c in zip(self.layer_names, self.choices, strict=True) if c != "eager"]
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+# ----------------------------------------------------------------- capture
+
+
+def _capture(
+    model: torch.nn.Module, layers: Sequence[torch.nn.Module], call: Callable[[], Any]
+) -> list[tuple[tuple, dict]]:
+    """Each layer's (args, kwargs) in one no-grad run of ``call``; model state restored."""
+    seen: list[tuple[tuple, dict] | None] = [None] * len(layers)
+
+    def keep(v: Any) -> Any:
+        return v.detach().clone() if isinstance(v, torch.Tensor) else v
+
+    def hook_for(i: int):
+        def hook(module, args, kwargs):
+            if seen[i] is None:
+                seen[i] = (tree_map(keep, tuple(args)), tree_map(keep, dict(kwargs)))
+
+        return hook
+
+    handles = [
+        m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(layers)
+    ]
+    try:
+        with _Kept([model], None), torch.no_grad():
+            call()
+    finally:
+        for h in handles:
+            h.remove()
+    missing = [i for i, s in enumerate(seen) if s is None]
+    if missing:
+        raise ValueError(
+            f"{len(missing)} of the {len(layers)} layers did not run in the example call "
+            f"(first: layer {missing[0]}); give an example input that runs every layer"
+        )
+    return seen  # type: ignore[return-value]
+
+
+class _BoundLayer(torch.nn.Module):
+    """A layer bound to its captured arguments: ``forward(x)`` calls it with ``x`` as its
+    first input and returns its first tensor output (a one-segment workload)."""
+
+    def __init__(self, layer: torch.nn.Module, args: tuple, kwargs: dict, drop_cache: bool) -> None:
+        super().__init__()
+        self.layer = layer
+        self.rest = args[1:]
+        self.kwargs = dict(kwargs)
+        if drop_cache:  # as GradientCheckpointingLayer does for a checkpointed layer
+            self.kwargs.update({k: v for k, v in _CACHE_KEYWORDS.items() if k in kwargs})
+        self.keyword = None if args else next(iter(kwargs))
+        if self.keyword is not None:
+            self.kwargs.pop(self.keyword)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.keyword is None:
+            out = self.layer(x, *self.rest, **self.kwargs)
+        else:
+            out = self.layer(**{self.keyword: x}, **self.kwargs)
+        while isinstance(out, (tuple, list)) or hasattr(out, "to_tuple"):
+            out = out[0]
+        return out
+
+
+def _first_input(args: tuple, kwargs: dict) -> torch.Tensor:
+    x = args[0] if args else next(iter(kwargs.values()), None)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(
+            f"a layer's first argument is a {type(x).__name__}, not a tensor: the layers "
+            "a budget plans must take the hidden state first"
+        )
+    return x
+
+
+def _fingerprint(layer: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    return {**_describe_segment(layer), "input": _describe_value([list(args), kwargs])}
+
+
+def _model_digest(model: torch.nn.Module, names: Sequence[str]) -> str:
+    described = {"model": _describe_segment(model), "layers": list(names)}
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
+
+
+def step_loss(out: Any) -> torch.Tensor:
+    """The default loss of a layer plan's example step: ``out.loss`` when the output
+    carries one (a transformers model given labels), else the mean of squares of its
+    first tensor.
+
+    Args:
+        out: the model's output.
+
+    Returns:
+        A scalar tensor.
+    """
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    while not isinstance(out, torch.Tensor):
+        out = out.to_tuple()[0] if hasattr(out, "to_tuple") else out[0]
+    return _default_loss(out)
+
+
+# -------------------------------------------------------------- calibration
+
+
+def _calibrate_groups(
+    reps: Sequence[_BoundLayer], states: Sequence[Any], inputs: Sequence[torch.Tensor], kw: dict
+) -> list[dict[str, Any]]:
+    from .calibrate import calibrate_model
+
+    out = []
+    for bound, state, x in zip(reps, states, inputs, strict=True):
+        with torch.enable_grad():
+            doc = calibrate_model([bound], x, state=state, **kw)
+        out.append({"options": doc["model"]["segments"][0], "config": doc["config"]})
+    return out
+
+
+def _measure_outside(
+    model: torch.nn.Module, call: Callable[[], Any], loss_fn: Callable[[Any], torch.Tensor]
+) -> int:
+    """Tracked peak of one training step with every layer kept (gradients held)."""
+    with _Kept([model], None):
+        params = [p for p in model.parameters() if p.requires_grad]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        static = static_bytes([*model.parameters(), *model.buffers(), *(p.grad for p in params)])
+        tracker = LiveBytesTracker()
+        with torch.enable_grad(), tracker:
+            loss_fn(call()).backward()
+        return static + tracker.peak
+
+
+def _costs_doc(model, names, prints, groups, group_costs, outside, device) -> dict[str, Any]:
+    return {
+        "schema": LAYER_SCHEMA,
+        "machine": machine_info(device),
+        "model": {
+            "class": f"{type(model).__module__}.{type(model).__qualname__}",
+            "digest": _model_digest(model, names),
+            "structure": _describe_segment(model),
+            "layers": [
+                {"name": n, "group": g, "fingerprint": f}
+                for n, g, f in zip(names, groups, prints, strict=True)
+            ],
+        },
+        "groups": group_costs,
+        "outside": outside,
+    }
+
+
+_RECALIBRATE = (
+    "Plan without costs= (each distinct layer is calibrated on the example), and write "
+    "the new costs with calibration={'out': 'layer_costs.json'}."
+)
+
+
+def _read_costs(costs: Any, model, names, prints) -> Mapping[str, Any]:
+    if isinstance(costs, Mapping):
+        doc, source = costs, "the layer costs"
+    else:
+        source = f"layer costs file {os.fspath(costs)!r}"
+        try:
+            doc = json.loads(Path(costs).read_text())
+        except OSError as e:
+            raise ValueError(f"cannot read {source}: {e}. {_RECALIBRATE}") from None
+    if doc.get("schema") != LAYER_SCHEMA:
+        raise ValueError(
+            f"{source} is not a {LAYER_SCHEMA} document (schema={doc.get('schema')!r}): "
+            f"a PlannedSequential costs file describes segments, not a model's layers. "
+            f"{_RECALIBRATE}"
+        )
+    entry = doc.get("model") or {}
+    want = entry.get("layers") or []
+    what = entry.get("class", "another model")
+    if len(want) != len(names):
+        raise CostsMismatchError(
+            f"{source} describe {len(want)} layers of {what}; this model has {len(names)} "
+            f"selected layers: the costs belong to another model. {_RECALIBRATE}"
+        )
+    if entry.get("digest") != _model_digest(model, names):
+        for i, (w, name, have) in enumerate(zip(want, names, prints, strict=True)):
+            w_s = {k: w["fingerprint"].get(k) for k in ("class", "parameters", "buffers")}
+            h_s = {k: have.get(k) for k in ("class", "parameters", "buffers")}
+            if w["name"] != name or w_s != h_s:
+                why = (
+                    f"it is {w['name']!r} there, {name!r} here"
+                    if w["name"] != name
+                    else _first_difference(w["fingerprint"], have)
+                )
+                raise CostsMismatchError(
+                    f"{source} were calibrated on another model ({what}): layer {i} "
+                    f"differs: {why}. {_RECALIBRATE}"
+                )
+        why = _first_difference(entry.get("structure") or {}, _describe_segment(model))
+        raise CostsMismatchError(
+            f"{source} were calibrated on another model ({what}): outside its layers, "
+            f"{why}. {_RECALIBRATE}"
+        )
+    moved = [n for w, n, h in zip(want, names, prints, strict=True) if w["fingerprint"] != h]
+    if moved:
+        warnings.warn(
+            f"{source} were measured with other layer inputs (first: {moved[0]}): bytes and "
+            "times scale with the batch, so the plan may not fit the budget; calibrate with "
+            "the batch you train with",
+            stacklevel=4,
+        )
+    return doc
+
+
+# ------------------------------------------------------------------- plan
+
+
+def plan_layers(
+    model: torch.nn.Module,
+    layers: Sequence[torch.nn.Module],
+    call: Callable[[], Any],
+    *,
+    budget: int,
+    state_of: Callable[[torch.nn.Module], Any],
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    step_memory: StepMemory | int | None = None,
+    costs: Any = None,
+    calibration: Mapping[str, Any] | None = None,
+    drop_cache: bool = False,
+) -> LayerPlan:
+    """Plan which of ``model``'s ``layers`` keep their activations (Note [Layer plans]).
+
+    Nothing is applied and the model comes out as it went in; the entry points
+    (``tr.apply_activation_checkpointing(..., budget=)``, ``tr_hf.enable(..., budget=)``)
+    apply the returned plan.
+
+    Args:
+        model: the whole model (its parameters and the code outside the layers count).
+        layers: the layers to plan, in program order, none inside another.
+        call: runs the model's forward on the example batch and returns its output.
+        budget: memory budget of one training step, in bytes.
+        state_of: the declared state of a layer when checkpointed (``replay_state``).
+        loss_fn: maps the model's output to the loss (default :func:`step_loss`).
+        step_memory: the persistent bytes: a :class:`StepMemory` (default: gradients
+            and two optimizer slots, as AdamW) or an exact byte count.
+        costs: a layer costs file (or its dict) written before; checked against the model.
+        calibration: keywords of :func:`torch_replay.calibrate_model` (``quick``,
+            ``reps``, ``warmup``, ``options``, ``progress``) and ``out`` (write the
+            layer costs there).
+        drop_cache: calibrate with ``use_cache=False`` / ``past_key_values=None`` as a
+            checkpointed transformers layer runs.
+
+    Returns:
+        The :class:`LayerPlan`.
+
+    Raises:
+        InfeasibleBudgetError: no plan fits ``budget``; ``min_budget`` says what does.
+        CostsMismatchError: ``costs`` belong to another model.
+        ValueError: a layer did not run in the example call, or unreadable costs.
+    """
+    kw = dict(calibration or {})
+    out = kw.pop("out", None)
+    kw.setdefault("progress", False)
+    if kw.pop("quick", False):  # one warm-up: otherwise the first option measured pays it
+        kw.setdefault("reps", 1)
+        kw.setdefault("warmup", 1)
+    loss_fn = loss_fn or step_loss
+    names_of = {id(m): n for n, m in model.named_modules()}
+    names = [names_of.get(id(m), f"layer{i}") for i, m in enumerate(layers)]
+    calls = _capture(model, layers, call)
+    prints = [_fingerprint(m, a, k) for m, (a, k) in zip(layers, calls, strict=True)]
+    keys = [json.dumps(p, sort_keys=True) for p in prints]
+    first = {k: i for i, k in reversed(list(enumerate(keys)))}
+    order = sorted(first.values())
+    groups = [order.index(first[k]) for k in keys]
+    device = next((p.device.type for p in model.parameters()), "cpu")
+    if costs is not None:
+        doc = _read_costs(costs, model, names, prints)
+    else:
+        bound = [_BoundLayer(layers[i], *calls[i], drop_cache) for i in order]
+        group_costs = _calibrate_groups(
+            bound,
+            [state_of(layers[i]) for i in order],
+            [_first_input(*calls[i]) for i in order],
+            kw,
+        )
+        eager = [_eager(g["options"], names[i]) for g, i in zip(group_costs, order, strict=True)]
+        base = StepMemory(optimizer_slots=0).bytes(model)
+        kept = base + sum(eager[g].retained for g in groups)
+        kept += max(eager[g].transient for g in groups)
+        measured = _measure_outside(model, call, loss_fn)
+        outside = {"bytes": max(0, measured - kept), "measured_all_kept": measured}
+        doc = _costs_doc(model, names, prints, groups, group_costs, outside, device)
+    if out is not None:
+        Path(out).write_text(json.dumps(doc, indent=1) + "\n")
+    options = [[Option(**o) for o in doc["groups"][g]["options"]] for g in groups]
+    if isinstance(step_memory, int) and not isinstance(step_memory, bool):
+        step = step_memory
+    else:
+        step = (step_memory or StepMemory()).bytes(model)
+    outside_bytes = int(doc["outside"]["bytes"])
+    try:
+        chosen = plan(options, budget=budget, persistent=step + outside_bytes)
+    except InfeasibleBudgetError as e:
+        raise InfeasibleBudgetError(
+            f"no layer plan of {type(model).__name__} fits budget={budget} bytes: the "
+            f"smallest feasible budget is {e.min_budget} bytes ({e.min_budget / 2**20:.2f} "
+            f"MiB), with persistent bytes {step} (StepMemory: parameters, buffers, "
+            f"gradients, optimizer state) and {outside_bytes} outside the layers, for the "
+            "leanest choice per layer. Raise the budget, or lower the persistent bytes (a smaller "
+            "batch, fewer optimizer slots). The model was not changed.",
+            min_budget=e.min_budget,
+        ) from None
+    return LayerPlan(
+        **{f.name: getattr(chosen, f.name) for f in fields(Plan)},
+        layer_names=names,
+        groups=groups,
+        step_bytes=step,
+        outside_bytes=outside_bytes,
+    )
+
+
+def _eager(options: Sequence[Mapping[str, Any]], name: str) -> Option:
+    for o in options:
+        if o["name"] == "eager":
+            return Option(**o)
+    raise ValueError(f"layer {name}: the calibration has no 'eager' option; include it")
+
+
+def run_example(model: torch.nn.Module, example: Any) -> Callable[[], Any]:
+    """The example call of a layer plan: ``model(**example)`` for a mapping (a
+    transformers batch), ``model(*example)`` for a tuple, else ``model(example)``.
+
+    Args:
+        model: the model.
+        example: its input.
+
+    Returns:
+        A function of no arguments that runs the forward and returns the output.
+    """
+    if isinstance(example, Mapping):
+        return lambda: model(**example)
+    if isinstance(example, tuple):
+        return lambda: model(*example)
+    return lambda: model(example)
+
+
+def outermost(
+    model: torch.nn.Module, pick: Callable[[torch.nn.Module], bool]
+) -> list[torch.nn.Module]:
+    """The submodules ``pick`` selects that are inside no other selected one (program
+    order is ``model.modules()``'s); the root is never selected, as torch's
+    ``apply_activation_checkpointing``.
+
+    Args:
+        model: the model.
+        pick: the selection (``check_fn``).
+
+    Returns:
+        The modules.
+    """
+    found: list[torch.nn.Module] = []
+    inside: set[int] = set()
+    for m in model.modules():
+        if m is model or id(m) in inside or not pick(m):
+            continue
+        found.append(m)
+        inside.update(id(s) for s in m.modules())
+    return found
