@@ -1,14 +1,31 @@
 """tr.checkpoint under FSDP2 (fully_shard) and DDP: 2 spawned processes, gloo on
-127.0.0.1, a free port chosen at run time, a bounded wait. The reference is
+127.0.0.1 with a file rendezvous, a bounded wait. The reference is
 torch.utils.checkpoint under the same sharding (bitwise), and eager PyTorch for
-a MoCo-style queue declared as state (Note [FSDP traffic] in torch_replay/fsdp.py)."""
+a MoCo-style queue declared as state (Note [FSDP traffic] in torch_replay/fsdp.py).
+
+How a worker starts and ends, so that a loaded machine cannot fail it:
+
+- The rendezvous is a ``FileStore`` in the test's temporary directory, not a TCP
+  port picked in the parent: a port found free and then bound by rank 0 later can
+  be taken in between by another run on the same machine (two CI runs side by side).
+- A worker ends with ``os._exit`` once its result file is written and closed.
+  Gloo's threads (two workers and the transport loop) outlive
+  ``destroy_process_group`` and ``gc.collect()``: a worker of ``_moco_job`` has 2
+  threads before ``init_process_group`` and still 5 after both. If one of them drops
+  the last reference to a tensor with a Python object while the interpreter
+  finalizes, it must take the GIL; CPython then ends that thread in place
+  (``PyThread_exit_thread``), and unwinding it through a ``noexcept`` destructor
+  aborts the process ("terminate called without an active exception"). A worker that
+  skips finalization has nothing to race; a barrier first makes sure that neither
+  rank leaves while the other still has a collective in flight.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 import pickle
-import socket
+import sys
 import tempfile
 import traceback
 
@@ -26,23 +43,26 @@ WORLD = 2
 TIMEOUT_S = 900
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, port, out_dir, job):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, out_dir, job):
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+        dist.init_process_group(
+            "gloo",
+            init_method="file://" + os.path.join(out_dir, "rendezvous"),
+            rank=rank,
+            world_size=WORLD,
+        )
         result = job(rank)
+        dist.barrier()
         dist.destroy_process_group()
     except BaseException:
         result = {"error": traceback.format_exc()}
     with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
+    # No interpreter finalization with gloo's threads alive (module docstring).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _spawn(job) -> list:
@@ -50,7 +70,7 @@ def _spawn(job) -> list:
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
             _worker,
-            args=(_free_port(), out_dir, job),
+            args=(out_dir, job),
             nprocs=WORLD,
             join=False,
             start_method="spawn",
