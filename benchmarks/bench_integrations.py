@@ -33,6 +33,7 @@ import time
 import torch
 
 import torch_replay as tr
+from benchmarks.cli import markdown_table
 from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
 from torch_replay._peak import LiveBytesTracker
 
@@ -89,14 +90,15 @@ def table(res: dict, command: str, rounds: int, seq: int) -> str:
         f"{torch.get_num_threads()} threads; Llama 4 layers, hidden 256, sequence {seq}, "
         f"batch 2; {rounds} interleaved rounds, medians.",
         "",
-        "| variant | step (s) | time / torch's checkpointing | peak MiB | peak / torch's |",
-        "| --- | --- | --- | --- | --- |",
     ]
-    for v in VARIANTS:
-        lines.append(
-            f"| {v} | {t[v]:.4f} | {t[v] / t['torch']:.3f} | {p[v] / 2**20:.1f} "
-            f"| {p[v] / p['torch']:.3f} |"
-        )
+    lines += markdown_table(
+        ["variant", "step (s)", "time / torch's checkpointing", "peak MiB", "peak / torch's"],
+        (
+            [v, f"{t[v]:.4f}", f"{t[v] / t['torch']:.3f}", f"{p[v] / 2**20:.1f}"]
+            + [f"{p[v] / p['torch']:.3f}"]
+            for v in VARIANTS
+        ),
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
-from benchmarks.cli import add_out_quick, emit
+from benchmarks.cli import add_out_quick, emit, markdown_table
 
 
 def one_rep(module, data, ckpt, reentrant: bool) -> float:
@@ -73,14 +73,15 @@ def markdown(rows: list[dict], calls: int, reps: int) -> str:
         f"{calls} calls of Linear(10,1000)-ReLU-Linear(1000,10) on one row, forward + backward, "
         f"median of {reps} interleaved repetitions.",
         "",
-        "| use_reentrant | observer | torch µs/call | torch_replay µs/call | ratio |",
-        "|---|---|---|---|---|",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['use_reentrant']} | {'on' if r['observe'] else 'off'} | "
-            f"{r['torch_us_per_call']:.1f} | {r['ours_us_per_call']:.1f} | {r['ratio']:.2f} |"
-        )
+    lines += markdown_table(
+        ["use_reentrant", "observer", "torch µs/call", "torch_replay µs/call", "ratio"],
+        (
+            [r["use_reentrant"], "on" if r["observe"] else "off"]
+            + [f"{r['torch_us_per_call']:.1f}", f"{r['ours_us_per_call']:.1f}", f"{r['ratio']:.2f}"]
+            for r in rows
+        ),
+    )
     return "\n".join(lines) + "\n"
 
 

@@ -12,8 +12,9 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 
-__all__ = ["ROOT", "add_out_quick", "child_env", "emit", "run_module"]
+__all__ = ["ROOT", "add_out_quick", "child_env", "emit", "markdown_table", "run_module"]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The repository root (what ``python -m benchmarks.NAME`` runs from)."""
@@ -38,6 +39,21 @@ def emit(markdown: str, out: str | None) -> int:
         with open(out, "w") as f:
             f.write(markdown)
     return 0
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A Markdown table's lines: the header, its rule, one line per row (cells as given).
+
+    Args:
+        header: Column titles.
+        rows: One sequence of cells a row, already formatted (``str()`` is applied).
+
+    Returns:
+        The lines, without newlines.
+    """
+    out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
 
 
 def child_env(**extra: str) -> dict[str, str]:

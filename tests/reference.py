@@ -17,7 +17,7 @@ REENTRANT = [False, True]
 
 
 def storage_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.untyped_storage())
+    return bytes(t.detach().cpu().untyped_storage())
 
 
 def grads(*tensors):
@@ -30,7 +30,7 @@ def assert_bitwise(a, b):
         if x is None or y is None:
             assert x is None and y is None
         else:
-            assert x.dtype == y.dtype and x.shape == y.shape
+            assert x.device == y.device and x.dtype == y.dtype and x.shape == y.shape
             assert torch.equal(x, y), (x - y).abs().max()
 
 
