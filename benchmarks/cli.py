@@ -14,7 +14,15 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 
-__all__ = ["ROOT", "add_out_quick", "child_env", "emit", "markdown_table", "run_module"]
+__all__ = [
+    "ROOT",
+    "add_out_quick",
+    "child_env",
+    "emit",
+    "markdown_table",
+    "results_markdown",
+    "run_module",
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The repository root (what ``python -m benchmarks.NAME`` runs from)."""
@@ -54,6 +62,24 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> l
     out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return out
+
+
+def results_markdown(
+    command: str, about: str, header: Sequence[str], rows: Iterable[Sequence[object]]
+) -> str:
+    """A results page: the command that made it, what ran where, and the table.
+
+    Args:
+        command: The command line, as a reader reruns it.
+        about: One paragraph: machine, sizes, rounds.
+        header: Column titles.
+        rows: Formatted cells, one sequence a row.
+
+    Returns:
+        The Markdown text, ending in a newline.
+    """
+    lines = [f"Command: `{command}`", "", about, "", *markdown_table(header, rows)]
+    return "\n".join(lines) + "\n"
 
 
 def child_env(**extra: str) -> dict[str, str]:

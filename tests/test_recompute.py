@@ -298,11 +298,7 @@ def test_recomputed_programs_are_bitwise_equal_on_random_graphs(seed, monkeypatc
     failures: list[str] = []
     _check_every_candidate(monkeypatch, seen, failures)
     cfg = PassConfig(recompute=True, recompute_budget=1.0, decision_cache=False, variants=())
-    with torch.no_grad():
-        ref = torch.compile(model, backend="inductor")(x)
-        torch._dynamo.reset()
-        f = torch.compile(model, backend=inductor_pass.make_backend(cfg))
-        y1, y2 = f(x), f(x)
+    ref, y1, y2 = _inductor_then_pass(model, x, cfg)
     assert not failures, failures[0]
     assert torch.equal(y1, ref) and torch.equal(y2, ref)
     rep = reports()[-1]
@@ -315,6 +311,15 @@ def test_recomputed_programs_are_bitwise_equal_on_random_graphs(seed, monkeypatc
 
 
 _APPLIED: list[int] = []
+
+
+def _inductor_then_pass(model, x, cfg):
+    """Plain Inductor's output, then the pass's on a cold and a warm call (no grad)."""
+    with torch.no_grad():
+        ref = torch.compile(model, backend="inductor")(x)
+        torch._dynamo.reset()
+        f = torch.compile(model, backend=inductor_pass.make_backend(cfg))
+        return ref, f(x), f(x)
 
 
 def test_random_graphs_exercised_candidates():
@@ -336,11 +341,7 @@ def test_models_recompute_lowers_the_real_peak(make, shape):
     model = init_bn(make())
     x = torch.randn(*shape)
     cfg = PassConfig(recompute=True, recompute_budget=0.01, decision_cache=False, variants=())
-    with torch.no_grad():
-        ref = torch.compile(model, backend="inductor")(x)
-        torch._dynamo.reset()
-        f = torch.compile(model, backend=inductor_pass.make_backend(cfg))
-        y1, y2 = f(x), f(x)
+    ref, y1, y2 = _inductor_then_pass(model, x, cfg)
     assert torch.equal(y1, ref) and torch.equal(y2, ref)
     rep = reports()[-1]
     assert rep.deployed, rep.reason

@@ -141,52 +141,43 @@ int64_t EventOracle::solve(
   }
   const int n = problem_.num_units();
   const int nv = static_cast<int>(boost::num_vertices(net.g));
-  if (smallest != nullptr) {
-    // Vertices reachable from s in the residual graph.
+  // The vertices reached from `start` along edges with residual capacity: out
+  // of s forward (an edge's own residual), or into t backward (its reverse's).
+  auto residual_reach = [&](int start, bool towards_sink) {
     std::vector<char> seen(nv, 0);
-    std::vector<int> stack = {net.source};
-    seen[net.source] = 1;
+    std::vector<int> stack = {start};
+    seen[start] = 1;
     while (!stack.empty()) {
       int a = stack.back();
       stack.pop_back();
       for (auto [it, end] = boost::out_edges(a, net.g); it != end; ++it) {
         int b = static_cast<int>(boost::target(*it, net.g));
-        if (!seen[b] && res[*it] > 0) {
+        const auto left = towards_sink ? res[rev[*it]] : res[*it];
+        if (!seen[b] && left > 0) {
           seen[b] = 1;
           stack.push_back(b);
         }
       }
     }
-    *smallest = UnitSet(n);
+    return seen;
+  };
+  auto units_where = [&](const std::vector<char>& seen, char reached) {
+    UnitSet out(n);
     for (int v = 0; v < n; ++v) {
-      if (seen[Network::x(v)]) {
-        smallest->insert(v);
+      if (seen[Network::x(v)] == reached) {
+        out.insert(v);
       }
     }
+    return out;
+  };
+  if (smallest != nullptr) {
+    // Vertices reachable from s in the residual graph.
+    *smallest = units_where(residual_reach(net.source, false), 1);
   }
   if (largest != nullptr) {
     // Vertices that reach t in the residual graph are on the sink side of
     // every minimum cut; all others form the largest source side.
-    std::vector<char> seen(nv, 0);
-    std::vector<int> stack = {net.sink};
-    seen[net.sink] = 1;
-    while (!stack.empty()) {
-      int a = stack.back();
-      stack.pop_back();
-      for (auto [it, end] = boost::out_edges(a, net.g); it != end; ++it) {
-        int b = static_cast<int>(boost::target(*it, net.g));
-        if (!seen[b] && res[rev[*it]] > 0) {
-          seen[b] = 1;
-          stack.push_back(b);
-        }
-      }
-    }
-    *largest = UnitSet(n);
-    for (int v = 0; v < n; ++v) {
-      if (!seen[Network::x(v)]) {
-        largest->insert(v);
-      }
-    }
+    *largest = units_where(residual_reach(net.sink, true), 0);
   }
   return problem_.initial_resident() + flow - net.sum_y;
 }
