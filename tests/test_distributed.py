@@ -38,7 +38,7 @@ import torch.utils.checkpoint as tcp
 import torch_replay as tr
 
 WORLD = 2
-# A hang guard, not a time box: each test takes seconds, but two spawned workers
+# A hang guard, not a time box: the jobs take seconds, but two spawned workers
 # importing torch on a loaded 2-core CI machine can take minutes.
 TIMEOUT_S = 900
 
@@ -91,6 +91,33 @@ def _spawn(job) -> list:
     return results
 
 
+def _every_job(rank):
+    """Every job of the file in one process group, each job's failure kept to itself."""
+    out = {}
+    for name, job in _JOBS.items():
+        try:
+            out[name] = job(rank)
+        except Exception:
+            out[name] = {"error": traceback.format_exc()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list:
+    """What each rank's jobs returned. One pair of workers (one gloo process group) serves
+    the whole file: starting them, two fresh interpreters importing torch, costs more than
+    the jobs do."""
+    return _spawn(_every_job)
+
+
+def _results(ranks: list, name: str) -> list:
+    """Job ``name``'s result on each rank; its failure fails only its own test."""
+    res = [r[name] for r in ranks]
+    for r in res:
+        assert "error" not in r, r.get("error")
+    return res
+
+
 # ------------------------------------------------------------------ models
 
 
@@ -140,9 +167,9 @@ def _fsdp_job(inside, rank):
 
 
 @pytest.mark.parametrize("inside", [True, False], ids=["inside", "around"])
-def test_fsdp2_twenty_steps_bitwise_against_torch_checkpoint(inside):
+def test_fsdp2_twenty_steps_bitwise_against_torch_checkpoint(ranks, inside):
     """Checkpoint inside the sharded module and around it, reentrant and not."""
-    for res in _spawn(functools.partial(_fsdp_job, inside)):
+    for res in _results(ranks, "fsdp-inside" if inside else "fsdp-around"):
         assert len(res) == 2
         for key, by in res.items():
             (g_t, p_t), (g_r, p_r) = by["torch"], by["tr"]
@@ -211,8 +238,8 @@ def _moco_job(rank):
     return out
 
 
-def test_fsdp2_moco_queue_declared_state_gives_eager_gradient():
-    for res in _spawn(_moco_job):
+def test_fsdp2_moco_queue_declared_state_gives_eager_gradient(ranks):
+    for res in _results(ranks, "moco"):
         for mode in ("tr-around", "tr-inside-queue", "tr-inside-module"):
             for a, b in zip(res["eager"], res[mode], strict=True):
                 for x, y in zip(a, b, strict=True):
@@ -241,8 +268,17 @@ def _ddp_job(rank):
     return out
 
 
-def test_ddp_bitwise_against_torch_checkpoint():
-    results = _spawn(_ddp_job)
+_JOBS = {
+    "fsdp-inside": functools.partial(_fsdp_job, True),
+    "fsdp-around": functools.partial(_fsdp_job, False),
+    "moco": _moco_job,
+    "ddp": _ddp_job,
+}
+"""The jobs the workers run, by name (``_every_job``)."""
+
+
+def test_ddp_bitwise_against_torch_checkpoint(ranks):
+    results = _results(ranks, "ddp")
     for res in results:
         for reentrant in (False, True):
             for a, b in zip(res[("torch", reentrant)], res[("tr", reentrant)], strict=True):
