@@ -24,6 +24,17 @@ def grads(*tensors):
     return [None if t.grad is None else t.grad.clone() for t in tensors]
 
 
+def assert_refused_leaving(y: torch.Tensor, t: torch.Tensor, match: str) -> None:
+    """``y.sum()``'s backward raises StateMutationError (message matching ``match``) and
+    leaves ``t``'s bytes as they were before it."""
+    import torch_replay as tr
+
+    before = storage_bytes(t)
+    with pytest.raises(tr.StateMutationError, match=match):
+        y.sum().backward()
+    assert storage_bytes(t) == before
+
+
 def assert_bitwise(a, b):
     assert len(a) == len(b)
     for x, y in zip(a, b, strict=True):

@@ -399,27 +399,25 @@ int64_t MinCutBounds::trap(Kind kind, int64_t stop_at) {
 }
 
 int64_t MinCutBounds::forward_trap(int64_t stop_at) {
-  ensure_events();
-  if (trap_value_[kDone] >= 0 &&
-      (trap_stop_[kDone] == kNoStop || trap_value_[kDone] >= stop_at ||
-       trap_value_[kDone] < trap_stop_[kDone])) {
-    return trap_value_[kDone];
-  }
-  trap_value_[kDone] = trap(kDone, stop_at);
-  trap_stop_[kDone] = stop_at;
-  return trap_value_[kDone];
+  return cached_trap(kDone, stop_at);
 }
 
 int64_t MinCutBounds::reverse_trap(int64_t stop_at) {
+  return cached_trap(kNotDone, stop_at);
+}
+
+int64_t MinCutBounds::cached_trap(Kind kind, int64_t stop_at) {
   ensure_events();
-  if (trap_value_[kNotDone] >= 0 &&
-      (trap_stop_[kNotDone] == kNoStop || trap_value_[kNotDone] >= stop_at ||
-       trap_value_[kNotDone] < trap_stop_[kNotDone])) {
-    return trap_value_[kNotDone];
+  // A cached value serves when it was exact (no stop), reaches this stop, or
+  // ended below its own stop (so it is exact too).
+  if (trap_value_[kind] >= 0 &&
+      (trap_stop_[kind] == kNoStop || trap_value_[kind] >= stop_at ||
+       trap_value_[kind] < trap_stop_[kind])) {
+    return trap_value_[kind];
   }
-  trap_value_[kNotDone] = trap(kNotDone, stop_at);
-  trap_stop_[kNotDone] = stop_at;
-  return trap_value_[kNotDone];
+  trap_value_[kind] = trap(kind, stop_at);
+  trap_stop_[kind] = stop_at;
+  return trap_value_[kind];
 }
 
 bool MinCutBounds::max_exceeds(
