@@ -20,7 +20,7 @@ import time
 import torch
 import torch.nn as nn
 
-from benchmarks.moco.model import BasicBlock
+from benchmarks.models import BasicBlock
 from torch_replay.audit import audit
 
 

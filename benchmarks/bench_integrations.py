@@ -33,6 +33,7 @@ import time
 import torch
 
 import torch_replay as tr
+from benchmarks.cli import results_markdown
 from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
 from torch_replay._peak import LiveBytesTracker
 
@@ -82,22 +83,18 @@ def run(rounds: int, seq: int, batch: int = 2) -> dict:
 
 def table(res: dict, command: str, rounds: int, seq: int) -> str:
     t, p = res["time"], res["peak"]
-    lines = [
-        f"Command: `{command}`",
-        "",
+    return results_markdown(
+        command,
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads; Llama 4 layers, hidden 256, sequence {seq}, "
         f"batch 2; {rounds} interleaved rounds, medians.",
-        "",
-        "| variant | step (s) | time / torch's checkpointing | peak MiB | peak / torch's |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for v in VARIANTS:
-        lines.append(
-            f"| {v} | {t[v]:.4f} | {t[v] / t['torch']:.3f} | {p[v] / 2**20:.1f} "
-            f"| {p[v] / p['torch']:.3f} |"
-        )
-    return "\n".join(lines) + "\n"
+        ["variant", "step (s)", "time / torch's checkpointing", "peak MiB", "peak / torch's"],
+        (
+            [v, f"{t[v]:.4f}", f"{t[v] / t['torch']:.3f}", f"{p[v] / 2**20:.1f}"]
+            + [f"{p[v] / p['torch']:.3f}"]
+            for v in VARIANTS
+        ),
+    )
 
 
 def main() -> None:

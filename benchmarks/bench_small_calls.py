@@ -23,7 +23,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
-from benchmarks.cli import add_out_quick, emit
+from benchmarks.cli import add_out_quick, emit, results_markdown
 
 
 def one_rep(module, data, ckpt, reentrant: bool) -> float:
@@ -66,22 +66,18 @@ def run(calls: int, reps: int) -> list[dict]:
 
 
 def markdown(rows: list[dict], calls: int, reps: int) -> str:
-    lines = [
-        f"Command: `python -m benchmarks.bench_small_calls --calls {calls} --reps {reps}`",
-        "",
+    return results_markdown(
+        f"python -m benchmarks.bench_small_calls --calls {calls} --reps {reps}",
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads; "
         f"{calls} calls of Linear(10,1000)-ReLU-Linear(1000,10) on one row, forward + backward, "
         f"median of {reps} interleaved repetitions.",
-        "",
-        "| use_reentrant | observer | torch µs/call | torch_replay µs/call | ratio |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['use_reentrant']} | {'on' if r['observe'] else 'off'} | "
-            f"{r['torch_us_per_call']:.1f} | {r['ours_us_per_call']:.1f} | {r['ratio']:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
+        ["use_reentrant", "observer", "torch µs/call", "torch_replay µs/call", "ratio"],
+        (
+            [r["use_reentrant"], "on" if r["observe"] else "off"]
+            + [f"{r['torch_us_per_call']:.1f}", f"{r['ours_us_per_call']:.1f}", f"{r['ratio']:.2f}"]
+            for r in rows
+        ),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

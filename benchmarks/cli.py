@@ -12,8 +12,17 @@ import argparse
 import os
 import subprocess
 import sys
+from collections.abc import Iterable, Sequence
 
-__all__ = ["ROOT", "add_out_quick", "child_env", "emit", "run_module"]
+__all__ = [
+    "ROOT",
+    "add_out_quick",
+    "child_env",
+    "emit",
+    "markdown_table",
+    "results_markdown",
+    "run_module",
+]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 """The repository root (what ``python -m benchmarks.NAME`` runs from)."""
@@ -38,6 +47,39 @@ def emit(markdown: str, out: str | None) -> int:
         with open(out, "w") as f:
             f.write(markdown)
     return 0
+
+
+def markdown_table(header: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
+    """A Markdown table's lines: the header, its rule, one line per row (cells as given).
+
+    Args:
+        header: Column titles.
+        rows: One sequence of cells a row, already formatted (``str()`` is applied).
+
+    Returns:
+        The lines, without newlines.
+    """
+    out = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out
+
+
+def results_markdown(
+    command: str, about: str, header: Sequence[str], rows: Iterable[Sequence[object]]
+) -> str:
+    """A results page: the command that made it, what ran where, and the table.
+
+    Args:
+        command: The command line, as a reader reruns it.
+        about: One paragraph: machine, sizes, rounds.
+        header: Column titles.
+        rows: Formatted cells, one sequence a row.
+
+    Returns:
+        The Markdown text, ending in a newline.
+    """
+    lines = [f"Command: `{command}`", "", about, "", *markdown_table(header, rows)]
+    return "\n".join(lines) + "\n"
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PreNormBlock", "ResBlock"]
+__all__ = ["BasicBlock", "PreNormBlock", "ResBlock"]
 
 
 class PreNormBlock(nn.Module):
@@ -54,3 +54,30 @@ class ResBlock(nn.Module):
 
     def forward(self, x):
         return F.relu(x + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
+
+
+class BasicBlock(nn.Module):
+    """A ResNet basic block: two 3x3 convs with BN, a projection shortcut when needed.
+
+    Args:
+        cin: Input channels.
+        cout: Output channels.
+        stride: Stride of the first conv (and of the shortcut).
+    """
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.short = None
+        if stride != 1 or cin != cout:
+            self.short = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (x if self.short is None else self.short(x)))

@@ -6,25 +6,28 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 set -a; . ./build.env; set +a  # the build, described once (C++ standards, flags, Boost)
+T0=$SECONDS
+section() { echo "== $* [$((SECONDS - T0)) s since the start]"; }
+section "setup (scripts/setup.sh)"
 bash scripts/setup.sh
 PY="${TORCH_REPLAY_VENV:-.venv}/bin/python"
 BIN="$(dirname "$PY")"
 JOBS="${MAX_JOBS:-$(nproc)}"
 
-echo "== lint (ruff, clang-format)"
+section "lint (ruff, clang-format)"
 "$BIN/ruff" check .
 "$BIN/ruff" format --check .
 mapfile -t cxx < <(git ls-files 'csrc/*.h' 'csrc/*.cpp' 'cuda/*.h' 'cuda/*.cu')
 "$BIN/clang-format" --dry-run -Werror "${cxx[@]}"
 
-echo "== C++ core (GoogleTest via CTest)"
+section "C++ core (GoogleTest via CTest)"
 cmake -S . -B build/cmake -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
   -DPython3_EXECUTABLE="$PWD/$PY" >/dev/null
 cmake --build build/cmake -j "$JOBS"
 ctest --test-dir build/cmake --output-on-failure -j "$JOBS"
 
-echo "== CUDA kernels (cuda/)"
+section "CUDA kernels (cuda/)"
 if command -v nvcc >/dev/null 2>&1; then
   mkdir -p build/cuda
   nvcc -std="c++$CXX_STANDARD" "$OPT_LEVEL" -c cuda/journal_kernels.cu -o build/cuda/journal_kernels.o
@@ -43,12 +46,13 @@ else
   echo "nvcc not found: CUDA kernels not compiled here"
 fi
 
-echo "== docs (Sphinx with warnings as errors; every example in the pages runs as a doctest)"
+section "docs (Sphinx with warnings as errors; every example in the pages runs as a doctest)"
 "$PY" -m sphinx -W -q -b html docs build/docs/html
 "$PY" -m sphinx -W -q -b doctest docs build/docs/doctest
 
-echo "== pytest"
-"$PY" -m pytest -q tests "$@"
+section "pytest (the 25 slowest tests listed at the end: where CI time goes)"
+"$PY" -m pytest -q --durations=25 tests "$@"
 
-echo "== GPU check, dry run (scripts/gpu_check.sh --dry-run: everything but the GPU)"
+section "GPU check, dry run (scripts/gpu_check.sh --dry-run: everything but the GPU)"
 bash scripts/gpu_check.sh --dry-run --out build/gpu_check_dry_run
+section "done"

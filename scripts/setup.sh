@@ -31,15 +31,18 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
+# --no-compile: no .pyc for the 14,000 Python files of torch, jax, transformers and the rest
+# up front; Python writes one for each module the first time it is imported.
+PIP=("$PY" -m pip install -q --no-compile)
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
   log "installing torch==$TORCH_VERSION"
   if [ "$TORCH_VERSION" = "2.14.1" ]; then
-    "$PY" -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
+    "${PIP[@]}" "torch==2.14.1" "torchvision==0.29.1"
   else
-    "$PY" -m pip install -q "torch==$TORCH_VERSION"
+    "${PIP[@]}" "torch==$TORCH_VERSION"
   fi
 fi
-"$PY" -m pip install -q -r requirements-dev.txt
+"${PIP[@]}" -r requirements-dev.txt
 
 # 3. The extension, linked against the torch in $VENV. The editable install
 #    (package metadata, entry points) is redone when pyproject.toml changes;

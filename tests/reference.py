@@ -17,11 +17,22 @@ REENTRANT = [False, True]
 
 
 def storage_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.untyped_storage())
+    return bytes(t.detach().cpu().untyped_storage())
 
 
 def grads(*tensors):
     return [None if t.grad is None else t.grad.clone() for t in tensors]
+
+
+def assert_refused_leaving(y: torch.Tensor, t: torch.Tensor, match: str) -> None:
+    """``y.sum()``'s backward raises StateMutationError (message matching ``match``) and
+    leaves ``t``'s bytes as they were before it."""
+    import torch_replay as tr
+
+    before = storage_bytes(t)
+    with pytest.raises(tr.StateMutationError, match=match):
+        y.sum().backward()
+    assert storage_bytes(t) == before
 
 
 def assert_bitwise(a, b):
@@ -30,7 +41,7 @@ def assert_bitwise(a, b):
         if x is None or y is None:
             assert x is None and y is None
         else:
-            assert x.dtype == y.dtype and x.shape == y.shape
+            assert x.device == y.device and x.dtype == y.dtype and x.shape == y.shape
             assert torch.equal(x, y), (x - y).abs().max()
 
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
+from benchmarks.models import BasicBlock
 from torch_replay.audit import audit, main
 
 from .reference import assert_bitwise
@@ -249,25 +250,6 @@ def test_unknown_segment():
 
 
 # ------------------------------------------------------------ real architectures
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin, cout, stride):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.down = None
-        if stride != 1 or cin != cout:
-            self.down = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + (x if self.down is None else self.down(x)))
 
 
 class ResNet18(nn.Module):

@@ -17,13 +17,9 @@ import torch.nn as nn
 import torch_replay as tr
 
 from .conftest import DEVICES
-from .reference import ShiftBlock
+from .reference import ShiftBlock, assert_bitwise, grads, storage_bytes
 
 ENGINES = ["auto", "snapshot", "readset", "journal"]
-
-
-def storage_bytes(t: torch.Tensor) -> bytes:
-    return bytes(t.detach().cpu().untyped_storage()) if t.is_cuda else bytes(t.untyped_storage())
 
 
 def gen_state(device: str, g: torch.Generator | None = None) -> bytes:
@@ -34,15 +30,14 @@ def gen_state(device: str, g: torch.Generator | None = None) -> bytes:
     return bytes(torch.get_rng_state().numpy())
 
 
-def assert_bitwise(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b, strict=True):
-        assert x.device == y.device and x.dtype == y.dtype and x.shape == y.shape
-        assert torch.equal(x, y), (x - y).abs().max()
-
-
-def grads(*ts):
-    return [t.grad.clone() for t in ts]
+def assert_eager_and_put_back(program):
+    """``program(ours)`` returns (gradients, state before backward, state after): with
+    tr.checkpoint the gradients are eager's bit for bit and the backward leaves the state
+    as it found it."""
+    ref, _, _ = program(False)
+    ours, before, after = program(True)
+    assert_bitwise(ours, ref)
+    assert before == after
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -63,10 +58,7 @@ def test_mutated_buffer_replays_the_forward_state(device, engine, reentrant):
         y.pow(2).sum().backward()
         return grads(x, m.lin.weight), before, storage_bytes(m.shift)
 
-    ref, _, _ = program(False)
-    ours, before, after = program(True)
-    assert_bitwise(ours, ref)
-    assert before == after
+    assert_eager_and_put_back(program)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -119,10 +111,7 @@ def test_explicit_device_generator_is_preserved(device):
         y.pow(2).sum().backward()
         return grads(x, lin.weight), before, gen_state(device, g)
 
-    ref, _, _ = program(False)
-    ours, before, after = program(True)
-    assert_bitwise(ours, ref)
-    assert before == after
+    assert_eager_and_put_back(program)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -139,10 +128,7 @@ def test_default_device_generator_dropout(device, reentrant):
         y.pow(2).sum().backward()
         return grads(x, lin.weight), before, gen_state(device)
 
-    ref, _, _ = program(False)
-    ours, before, after = program(True)
-    assert_bitwise(ours, ref)
-    assert before == after
+    assert_eager_and_put_back(program)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -183,10 +169,7 @@ def test_typed_alias_on_device(device):
         y.pow(2).sum().backward()
         return grads(x, lin.weight), before, storage_bytes(w)
 
-    ref, _, _ = program(False)
-    ours, before, after = program(True)
-    assert_bitwise(ours, ref)
-    assert before == after
+    assert_eager_and_put_back(program)
 
 
 @pytest.mark.parametrize("device", DEVICES)

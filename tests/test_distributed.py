@@ -1,14 +1,31 @@
 """tr.checkpoint under FSDP2 (fully_shard) and DDP: 2 spawned processes, gloo on
-127.0.0.1, a free port chosen at run time, a bounded wait. The reference is
+127.0.0.1 with a file rendezvous, a bounded wait. The reference is
 torch.utils.checkpoint under the same sharding (bitwise), and eager PyTorch for
-a MoCo-style queue declared as state (Note [FSDP traffic] in torch_replay/fsdp.py)."""
+a MoCo-style queue declared as state (Note [FSDP traffic] in torch_replay/fsdp.py).
+
+How a worker starts and ends, so that a loaded machine cannot fail it:
+
+- The rendezvous is a ``FileStore`` in the test's temporary directory, not a TCP
+  port picked in the parent: a port found free and then bound by rank 0 later can
+  be taken in between by another run on the same machine (two CI runs side by side).
+- A worker ends with ``os._exit`` once its result file is written and closed.
+  Gloo's threads (two workers and the transport loop) outlive
+  ``destroy_process_group`` and ``gc.collect()``: a worker of ``_moco_job`` has 2
+  threads before ``init_process_group`` and still 5 after both. If one of them drops
+  the last reference to a tensor with a Python object while the interpreter
+  finalizes, it must take the GIL; CPython then ends that thread in place
+  (``PyThread_exit_thread``), and unwinding it through a ``noexcept`` destructor
+  aborts the process ("terminate called without an active exception"). A worker that
+  skips finalization has nothing to race; a barrier first makes sure that neither
+  rank leaves while the other still has a collective in flight.
+"""
 
 from __future__ import annotations
 
 import functools
 import os
 import pickle
-import socket
+import sys
 import tempfile
 import traceback
 
@@ -21,28 +38,31 @@ import torch.utils.checkpoint as tcp
 import torch_replay as tr
 
 WORLD = 2
-# A hang guard, not a time box: each test takes seconds, but two spawned workers
+# A hang guard, not a time box: the jobs take seconds, but two spawned workers
 # importing torch on a loaded 2-core CI machine can take minutes.
 TIMEOUT_S = 900
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank, port, out_dir, job):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _worker(rank, out_dir, job):
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+        dist.init_process_group(
+            "gloo",
+            init_method="file://" + os.path.join(out_dir, "rendezvous"),
+            rank=rank,
+            world_size=WORLD,
+        )
         result = job(rank)
+        dist.barrier()
         dist.destroy_process_group()
     except BaseException:
         result = {"error": traceback.format_exc()}
     with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
+    # No interpreter finalization with gloo's threads alive (module docstring).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _spawn(job) -> list:
@@ -50,7 +70,7 @@ def _spawn(job) -> list:
     with tempfile.TemporaryDirectory() as out_dir:
         ctx = mp.start_processes(
             _worker,
-            args=(_free_port(), out_dir, job),
+            args=(out_dir, job),
             nprocs=WORLD,
             join=False,
             start_method="spawn",
@@ -69,6 +89,33 @@ def _spawn(job) -> list:
     for res in results:
         assert "error" not in res, res.get("error")
     return results
+
+
+def _every_job(rank):
+    """Every job of the file in one process group, each job's failure kept to itself."""
+    out = {}
+    for name, job in _JOBS.items():
+        try:
+            out[name] = job(rank)
+        except Exception:
+            out[name] = {"error": traceback.format_exc()}
+    return out
+
+
+@pytest.fixture(scope="module")
+def ranks() -> list:
+    """What each rank's jobs returned. One pair of workers (one gloo process group) serves
+    the whole file: starting them, two fresh interpreters importing torch, costs more than
+    the jobs do."""
+    return _spawn(_every_job)
+
+
+def _results(ranks: list, name: str) -> list:
+    """Job ``name``'s result on each rank; its failure fails only its own test."""
+    res = [r[name] for r in ranks]
+    for r in res:
+        assert "error" not in r, r.get("error")
+    return res
 
 
 # ------------------------------------------------------------------ models
@@ -120,9 +167,9 @@ def _fsdp_job(inside, rank):
 
 
 @pytest.mark.parametrize("inside", [True, False], ids=["inside", "around"])
-def test_fsdp2_twenty_steps_bitwise_against_torch_checkpoint(inside):
+def test_fsdp2_twenty_steps_bitwise_against_torch_checkpoint(ranks, inside):
     """Checkpoint inside the sharded module and around it, reentrant and not."""
-    for res in _spawn(functools.partial(_fsdp_job, inside)):
+    for res in _results(ranks, "fsdp-inside" if inside else "fsdp-around"):
         assert len(res) == 2
         for key, by in res.items():
             (g_t, p_t), (g_r, p_r) = by["torch"], by["tr"]
@@ -191,8 +238,8 @@ def _moco_job(rank):
     return out
 
 
-def test_fsdp2_moco_queue_declared_state_gives_eager_gradient():
-    for res in _spawn(_moco_job):
+def test_fsdp2_moco_queue_declared_state_gives_eager_gradient(ranks):
+    for res in _results(ranks, "moco"):
         for mode in ("tr-around", "tr-inside-queue", "tr-inside-module"):
             for a, b in zip(res["eager"], res[mode], strict=True):
                 for x, y in zip(a, b, strict=True):
@@ -221,8 +268,17 @@ def _ddp_job(rank):
     return out
 
 
-def test_ddp_bitwise_against_torch_checkpoint():
-    results = _spawn(_ddp_job)
+_JOBS = {
+    "fsdp-inside": functools.partial(_fsdp_job, True),
+    "fsdp-around": functools.partial(_fsdp_job, False),
+    "moco": _moco_job,
+    "ddp": _ddp_job,
+}
+"""The jobs the workers run, by name (``_every_job``)."""
+
+
+def test_ddp_bitwise_against_torch_checkpoint(ranks):
+    results = _results(ranks, "ddp")
     for res in results:
         for reentrant in (False, True):
             for a, b in zip(res[("torch", reentrant)], res[("tr", reentrant)], strict=True):

@@ -8,6 +8,7 @@ compares against eager PyTorch or against torch.utils.checkpoint itself.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -332,6 +333,23 @@ def test_set_checkpoint_early_stop_is_honoured(knob, local):
     assert run(tr.checkpoint) == run(tcp.checkpoint)
 
 
+def _rerun_error(ckpt, rerun, *, debug: bool = False) -> str:
+    """The CheckpointError text of a segment whose forward computes ``a.sin()`` and whose
+    re-run computes ``rerun(a)`` (with torch's checkpoint debug mode when ``debug``)."""
+    calls = {"n": 0}
+
+    def seg(a):
+        calls["n"] += 1
+        return a.sin() if calls["n"] == 1 else rerun(a)
+
+    x = torch.randn(3, requires_grad=True)
+    with tcp.set_checkpoint_debug_enabled(True) if debug else contextlib.nullcontext():
+        y = ckpt(seg, x, use_reentrant=False)
+    with pytest.raises(tcp.CheckpointError) as info:
+        y.sum().backward()
+    return str(info.value)
+
+
 def test_set_checkpoint_debug_enabled_is_honoured(monkeypatch):
     # torch's debug mode logs every operator through the "LoggingTensor" logger,
     # whose records pytest's log capture (attached to it once an earlier debug run
@@ -340,21 +358,10 @@ def test_set_checkpoint_debug_enabled_is_honoured(monkeypatch):
     monkeypatch.setattr(logger, "propagate", False)
     monkeypatch.setattr(logger, "handlers", [])
 
-    def run(ckpt):
-        calls = {"n": 0}
-
-        def seg(a):
-            calls["n"] += 1
-            return a.sin() if calls["n"] == 1 else a[:2].cos()
-
-        x = torch.randn(3, requires_grad=True)
-        with tcp.set_checkpoint_debug_enabled(True):
-            y = ckpt(seg, x, use_reentrant=False)
-        with pytest.raises(tcp.CheckpointError) as info:
-            y.sum().backward()
-        return str(info.value)
-
-    ours, theirs = run(tr.checkpoint), run(tcp.checkpoint)
+    ours, theirs = (
+        _rerun_error(ckpt, lambda a: a[:2].cos(), debug=True)
+        for ckpt in (tr.checkpoint, tcp.checkpoint)
+    )
     for text in (ours, theirs):
         assert "Operations executed during the original forward" in text
         assert "aten.sin" in text
@@ -393,20 +400,10 @@ def test_graph_exec_group_overlap_error_like_torch():
 
 
 def test_determinism_error_starts_with_torchs_text():
-    def run(ckpt):
-        calls = {"n": 0}
-
-        def seg(a):
-            calls["n"] += 1
-            return a.sin() if calls["n"] == 1 else a[:2].sin()
-
-        x = torch.randn(3, requires_grad=True)
-        y = ckpt(seg, x, use_reentrant=False)
-        with pytest.raises(tcp.CheckpointError) as info:
-            y.sum().backward()
-        return str(info.value).splitlines()[0]
-
-    assert run(tr.checkpoint) == run(tcp.checkpoint)
+    ours, theirs = (
+        _rerun_error(ckpt, lambda a: a[:2].sin()) for ckpt in (tr.checkpoint, tcp.checkpoint)
+    )
+    assert ours.splitlines()[0] == theirs.splitlines()[0]
 
 
 # ------------------------------------------------------------ sequential with state

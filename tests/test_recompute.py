@@ -65,6 +65,19 @@ def _sp_program(rnd: random.Random):
         a = rnd.randint(a + 1, b) if rnd.random() < 0.5 else b
     prev, k = "arg0_1", 0
     skip_src: dict[int, str] = {}
+
+    def join(buf: str, other: str, *, dead: str) -> str:
+        """A new unit k_rrw(buf, other) into a fresh buffer, freeing ``dead`` after it."""
+        nonlocal k
+        mid = f"buf{k}"
+        k += 1
+        lines.append(f"{mid} = empty_strided_cpu((4, ), (1, ), torch.float32)")
+        lines.append(f"k_rrw({buf}, {other}, {mid})")
+        lines.append(f"del {dead}")
+        sizes[mid] = rnd.choice([16, 32, 64])
+        cost[mid] = 50
+        return mid
+
     for i in range(n):
         for j, (s0, _) in enumerate(skips):
             if s0 == i:
@@ -82,14 +95,7 @@ def _sp_program(rnd: random.Random):
             lines.append(f"k_rrw({prev}, {joins[0]}, {buf})")
             lines.append(f"del {joins[0]}")
             for extra in joins[1:]:  # a second join at the same place: its own unit
-                mid = f"buf{k}"
-                k += 1
-                lines.append(f"{mid} = empty_strided_cpu((4, ), (1, ), torch.float32)")
-                lines.append(f"k_rrw({buf}, {extra}, {mid})")
-                lines.append(f"del {extra}")
-                sizes[mid] = rnd.choice([16, 32, 64])
-                cost[mid] = 50
-                buf = mid
+                buf = join(buf, extra, dead=extra)
         else:
             lines.append(f"k_rw({prev}, {buf})")
         if prev != "arg0_1":
@@ -99,14 +105,7 @@ def _sp_program(rnd: random.Random):
         # A skip source is also used early (right after it is made), then parked.
         for j, (s0, _) in enumerate(skips):
             if s0 == i:
-                mid = f"buf{k}"
-                k += 1
-                lines.append(f"{mid} = empty_strided_cpu((4, ), (1, ), torch.float32)")
-                lines.append(f"k_rrw({buf}, {skip_src[j]}, {mid})")
-                lines.append(f"del {buf}")
-                sizes[mid] = rnd.choice([16, 32, 64])
-                cost[mid] = 50
-                buf = mid
+                buf = join(buf, skip_src[j], dead=buf)
         prev = buf
     lines.append(f"return ({prev}, )")
     return _wrapper(lines), sizes, cost
@@ -299,11 +298,7 @@ def test_recomputed_programs_are_bitwise_equal_on_random_graphs(seed, monkeypatc
     failures: list[str] = []
     _check_every_candidate(monkeypatch, seen, failures)
     cfg = PassConfig(recompute=True, recompute_budget=1.0, decision_cache=False, variants=())
-    with torch.no_grad():
-        ref = torch.compile(model, backend="inductor")(x)
-        torch._dynamo.reset()
-        f = torch.compile(model, backend=inductor_pass.make_backend(cfg))
-        y1, y2 = f(x), f(x)
+    ref, y1, y2 = _inductor_then_pass(model, x, cfg)
     assert not failures, failures[0]
     assert torch.equal(y1, ref) and torch.equal(y2, ref)
     rep = reports()[-1]
@@ -316,6 +311,15 @@ def test_recomputed_programs_are_bitwise_equal_on_random_graphs(seed, monkeypatc
 
 
 _APPLIED: list[int] = []
+
+
+def _inductor_then_pass(model, x, cfg):
+    """Plain Inductor's output, then the pass's on a cold and a warm call (no grad)."""
+    with torch.no_grad():
+        ref = torch.compile(model, backend="inductor")(x)
+        torch._dynamo.reset()
+        f = torch.compile(model, backend=inductor_pass.make_backend(cfg))
+        return ref, f(x), f(x)
 
 
 def test_random_graphs_exercised_candidates():
@@ -337,11 +341,7 @@ def test_models_recompute_lowers_the_real_peak(make, shape):
     model = init_bn(make())
     x = torch.randn(*shape)
     cfg = PassConfig(recompute=True, recompute_budget=0.01, decision_cache=False, variants=())
-    with torch.no_grad():
-        ref = torch.compile(model, backend="inductor")(x)
-        torch._dynamo.reset()
-        f = torch.compile(model, backend=inductor_pass.make_backend(cfg))
-        y1, y2 = f(x), f(x)
+    ref, y1, y2 = _inductor_then_pass(model, x, cfg)
     assert torch.equal(y1, ref) and torch.equal(y2, ref)
     rep = reports()[-1]
     assert rep.deployed, rep.reason

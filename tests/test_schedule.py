@@ -187,26 +187,19 @@ def problems(draw, max_units: int = 7, max_size: int = 30):
 PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def _five_units(sizes: list[int], producer: list[int], consumers: list[list[int]]) -> dict:
+    """A hand-made problem of five units and no outputs."""
+    return dict(sizes=sizes, producer=producer, consumers=consumers, outputs=[], num_units=5)
+
+
 def two_hills() -> dict:
     # [0] -10-> [1] -1-> [4] <-1- [3] <-10- [2]
-    return dict(
-        sizes=[10, 1, 10, 1],
-        producer=[0, 1, 2, 3],
-        consumers=[[1], [4], [3], [4]],
-        outputs=[],
-        num_units=5,
-    )
+    return _five_units([10, 1, 10, 1], [0, 1, 2, 3], [[1], [4], [3], [4]])
 
 
 def fork() -> dict:
     # [1] <-1- [0] -1-> [3];  [1] -10-> [2];  [3] -10-> [4]
-    return dict(
-        sizes=[1, 1, 10, 10],
-        producer=[0, 0, 1, 3],
-        consumers=[[1], [3], [2], [4]],
-        outputs=[],
-        num_units=5,
-    )
+    return _five_units([1, 1, 10, 10], [0, 0, 1, 3], [[1], [3], [2], [4]])
 
 
 # ---------------------------------------------------------------- examples

@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -70,18 +70,7 @@ class KernelTiming:
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
-        return {
-            "seconds": self.seconds,
-            "source": self.source,
-            "wall_seconds": self.wall_seconds,
-            "reps": self.reps,
-            "kernels": self.kernels,
-            "memcpy": self.memcpy,
-            "memset": self.memset,
-            "kernel_sum_seconds": self.kernel_sum_seconds,
-            "top": [list(t) for t in self.top],
-            "note": self.note,
-        }
+        return {**asdict(self), "top": [list(t) for t in self.top]}
 
 
 def _union_ns(intervals: list[tuple[int, int]]) -> int:

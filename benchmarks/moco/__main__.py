@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 import torch
@@ -353,20 +353,9 @@ def _seeds(text: str) -> list[int]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    cfg = MocoConfig(
-        width=args.width,
-        dim=args.dim,
-        queue_mib=args.queue_mib,
-        batch=args.batch,
-        steps=args.steps,
-        train_images=args.train_images,
-        test_images=args.test_images,
-        classes=args.classes,
-        probe_epochs=args.probe_epochs,
-        budget_frac=args.budget_frac,
-        budget_mib=args.budget_mib,
-        calibration_reps=args.calibration_reps,
-    )
+    # Every option named like a MocoConfig field sets it; the others keep their defaults.
+    given = vars(args)
+    cfg = MocoConfig(**{f.name: given[f.name] for f in fields(MocoConfig) if f.name in given})
     methods = [m for m in args.methods.split(",") if m]
     for m in methods:
         if m not in METHODS:
@@ -444,7 +433,7 @@ def _write(args, argv, cfg, plans, results, summary, main_table, per_seed, src, 
             "all_eager_peak": plans.all_eager_peak,
             "joint_min_budget": plans.joint_min_budget,
             "refused": plans.refused,
-            "costs": [[asdict_option(o) for o in seg] for seg in plans.costs],
+            "costs": [[asdict(o) for o in seg] for seg in plans.costs],
         },
         "results": {str(s): r for s, r in results.items()},
         "summary": {k: v for k, v in summary.items() if k != "_identity"},
@@ -463,16 +452,6 @@ def _write(args, argv, cfg, plans, results, summary, main_table, per_seed, src, 
         if png:
             f.write(f"\n![MoCo methods]({os.path.basename(base)}.png)\n")
     print(f"wrote {base}.md, {base}.json" + (f", {base}.png" if png else ""))
-
-
-def asdict_option(o) -> dict[str, Any]:
-    return {
-        "name": o.name,
-        "retained": o.retained,
-        "transient": o.transient,
-        "time": o.time,
-        "preserved": o.preserved,
-    }
 
 
 if __name__ == "__main__":

@@ -31,28 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.models import BasicBlock
+
 __all__ = ["BasicBlock", "Encoder", "InfoNCEHead", "MoCo", "queue_length"]
-
-
-class BasicBlock(nn.Module):
-    """ResNet basic block (two 3x3 convs with BN, projection shortcut when needed)."""
-
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.short = None
-        if stride != 1 or cin != cout:
-            self.short = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + (x if self.short is None else self.short(x)))
 
 
 def _layer(cin: int, cout: int, stride: int) -> nn.Sequential:

@@ -1,7 +1,7 @@
 // Python bindings of the audit recorder (Note [Audit recorder]): the tables
 // are handed over once, as int64 tensors and small lists, not per operator.
 #include <torch/csrc/DynamicTypes.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <string>
 #include <vector>

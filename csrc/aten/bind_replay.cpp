@@ -1,6 +1,6 @@
 // Python bindings of the replay machinery: Transaction, the reentrant segment
 // Function, and the translation of core errors into torch_replay.errors.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <unordered_set>
 #include <vector>

@@ -2,7 +2,7 @@
 
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/engine.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 namespace py = pybind11;
 using torch::autograd::AutogradContext;

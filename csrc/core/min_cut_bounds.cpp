@@ -141,52 +141,43 @@ int64_t EventOracle::solve(
   }
   const int n = problem_.num_units();
   const int nv = static_cast<int>(boost::num_vertices(net.g));
-  if (smallest != nullptr) {
-    // Vertices reachable from s in the residual graph.
+  // The vertices reached from `start` along edges with residual capacity: out
+  // of s forward (an edge's own residual), or into t backward (its reverse's).
+  auto residual_reach = [&](int start, bool towards_sink) {
     std::vector<char> seen(nv, 0);
-    std::vector<int> stack = {net.source};
-    seen[net.source] = 1;
+    std::vector<int> stack = {start};
+    seen[start] = 1;
     while (!stack.empty()) {
       int a = stack.back();
       stack.pop_back();
       for (auto [it, end] = boost::out_edges(a, net.g); it != end; ++it) {
         int b = static_cast<int>(boost::target(*it, net.g));
-        if (!seen[b] && res[*it] > 0) {
+        const auto left = towards_sink ? res[rev[*it]] : res[*it];
+        if (!seen[b] && left > 0) {
           seen[b] = 1;
           stack.push_back(b);
         }
       }
     }
-    *smallest = UnitSet(n);
+    return seen;
+  };
+  auto units_where = [&](const std::vector<char>& seen, char reached) {
+    UnitSet out(n);
     for (int v = 0; v < n; ++v) {
-      if (seen[Network::x(v)]) {
-        smallest->insert(v);
+      if (seen[Network::x(v)] == reached) {
+        out.insert(v);
       }
     }
+    return out;
+  };
+  if (smallest != nullptr) {
+    // Vertices reachable from s in the residual graph.
+    *smallest = units_where(residual_reach(net.source, false), 1);
   }
   if (largest != nullptr) {
     // Vertices that reach t in the residual graph are on the sink side of
     // every minimum cut; all others form the largest source side.
-    std::vector<char> seen(nv, 0);
-    std::vector<int> stack = {net.sink};
-    seen[net.sink] = 1;
-    while (!stack.empty()) {
-      int a = stack.back();
-      stack.pop_back();
-      for (auto [it, end] = boost::out_edges(a, net.g); it != end; ++it) {
-        int b = static_cast<int>(boost::target(*it, net.g));
-        if (!seen[b] && res[rev[*it]] > 0) {
-          seen[b] = 1;
-          stack.push_back(b);
-        }
-      }
-    }
-    *largest = UnitSet(n);
-    for (int v = 0; v < n; ++v) {
-      if (!seen[Network::x(v)]) {
-        largest->insert(v);
-      }
-    }
+    *largest = units_where(residual_reach(net.sink, true), 0);
   }
   return problem_.initial_resident() + flow - net.sum_y;
 }
@@ -408,27 +399,25 @@ int64_t MinCutBounds::trap(Kind kind, int64_t stop_at) {
 }
 
 int64_t MinCutBounds::forward_trap(int64_t stop_at) {
-  ensure_events();
-  if (trap_value_[kDone] >= 0 &&
-      (trap_stop_[kDone] == kNoStop || trap_value_[kDone] >= stop_at ||
-       trap_value_[kDone] < trap_stop_[kDone])) {
-    return trap_value_[kDone];
-  }
-  trap_value_[kDone] = trap(kDone, stop_at);
-  trap_stop_[kDone] = stop_at;
-  return trap_value_[kDone];
+  return cached_trap(kDone, stop_at);
 }
 
 int64_t MinCutBounds::reverse_trap(int64_t stop_at) {
+  return cached_trap(kNotDone, stop_at);
+}
+
+int64_t MinCutBounds::cached_trap(Kind kind, int64_t stop_at) {
   ensure_events();
-  if (trap_value_[kNotDone] >= 0 &&
-      (trap_stop_[kNotDone] == kNoStop || trap_value_[kNotDone] >= stop_at ||
-       trap_value_[kNotDone] < trap_stop_[kNotDone])) {
-    return trap_value_[kNotDone];
+  // A cached value serves when it was exact (no stop), reaches this stop, or
+  // ended below its own stop (so it is exact too).
+  if (trap_value_[kind] >= 0 &&
+      (trap_stop_[kind] == kNoStop || trap_value_[kind] >= stop_at ||
+       trap_value_[kind] < trap_stop_[kind])) {
+    return trap_value_[kind];
   }
-  trap_value_[kNotDone] = trap(kNotDone, stop_at);
-  trap_stop_[kNotDone] = stop_at;
-  return trap_value_[kNotDone];
+  trap_value_[kind] = trap(kind, stop_at);
+  trap_stop_[kind] = stop_at;
+  return trap_value_[kind];
 }
 
 bool MinCutBounds::max_exceeds(

@@ -144,6 +144,8 @@ class MinCutBounds {
       int64_t cur,
       int64_t* value);
   int64_t trap(Kind kind, int64_t stop_at);
+  // trap(kind, stop_at), or its cached value when that one still answers.
+  int64_t cached_trap(Kind kind, int64_t stop_at);
 
   const Problem& problem_;
   EventOracle oracle_;

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <utility>
+#include <vector>
 
 #include "core/exhaustive_schedule.h"
 #include "core/schedule_testing.h"
@@ -73,6 +75,33 @@ BruteBounds brute_bounds(const Problem& p) {
   return b;
 }
 
+// The optimal peak (exhaustive) and the four bounds of a hand-made problem.
+struct Expected {
+  int64_t opt, event, forward, reverse, joint;
+};
+
+void expect_bounds(const ProblemSpec& spec, const Expected& e) {
+  const Problem p(spec);
+  MinCutBounds bounds(p);
+  EXPECT_EQ(solve_exhaustive(p).peak, e.opt);
+  EXPECT_EQ(bounds.event_cut(), e.event);
+  EXPECT_EQ(bounds.forward_trap(), e.forward);
+  EXPECT_EQ(bounds.reverse_trap(), e.reverse);
+  EXPECT_EQ(bounds.joint_trap(), e.joint);
+}
+
+ProblemSpec five_units(
+    std::vector<int64_t> sizes,
+    std::vector<int> producer,
+    std::vector<std::vector<int>> consumers) {
+  ProblemSpec spec;
+  spec.num_units = 5;
+  spec.sizes = std::move(sizes);
+  spec.producer = std::move(producer);
+  spec.consumers = std::move(consumers);
+  return spec;
+}
+
 // Two hills joined at the end:
 //
 //   [0] --10--> [1] --1--.
@@ -85,18 +114,9 @@ BruteBounds brute_bounds(const Problem& p) {
 // runs second also holds the other's 1: the forward trap finds 12 = OPT. The
 // reverse trap cannot see it (whichever runs first is cheap).
 TEST(MinCutBoundsTest, TwoHillsForwardTrap) {
-  ProblemSpec spec;
-  spec.num_units = 5;
-  spec.sizes = {10, 1, 10, 1};
-  spec.producer = {0, 1, 2, 3};
-  spec.consumers = {{1}, {4}, {3}, {4}};
-  const Problem p(spec);
-  MinCutBounds bounds(p);
-  EXPECT_EQ(solve_exhaustive(p).peak, 12);
-  EXPECT_EQ(bounds.event_cut(), 11);
-  EXPECT_EQ(bounds.forward_trap(), 12);
-  EXPECT_EQ(bounds.reverse_trap(), 11);
-  EXPECT_EQ(bounds.joint_trap(), 12);
+  expect_bounds(
+      five_units({10, 1, 10, 1}, {0, 1, 2, 3}, {{1}, {4}, {3}, {4}}),
+      {/*opt*/ 12, /*event*/ 11, /*forward*/ 12, /*reverse*/ 11, /*joint*/ 12});
 }
 
 // The same graph reversed: a fork whose two small buffers both stay live
@@ -109,18 +129,9 @@ TEST(MinCutBoundsTest, TwoHillsForwardTrap) {
 // Whichever of 1 and 3 runs first still holds the other's 1 (reverse trap
 // 12 = OPT); run second, it is cheap (forward trap 11).
 TEST(MinCutBoundsTest, ForkReverseTrap) {
-  ProblemSpec spec;
-  spec.num_units = 5;
-  spec.sizes = {1, 1, 10, 10};
-  spec.producer = {0, 0, 1, 3};
-  spec.consumers = {{1}, {3}, {2}, {4}};
-  const Problem p(spec);
-  MinCutBounds bounds(p);
-  EXPECT_EQ(solve_exhaustive(p).peak, 12);
-  EXPECT_EQ(bounds.event_cut(), 11);
-  EXPECT_EQ(bounds.forward_trap(), 11);
-  EXPECT_EQ(bounds.reverse_trap(), 12);
-  EXPECT_EQ(bounds.joint_trap(), 12);
+  expect_bounds(
+      five_units({1, 1, 10, 10}, {0, 0, 1, 3}, {{1}, {3}, {2}, {4}}),
+      {/*opt*/ 12, /*event*/ 11, /*forward*/ 11, /*reverse*/ 12, /*joint*/ 12});
 }
 
 TEST(MinCutBoundsTest, EventMatchesBruteForce) {

@@ -24,6 +24,14 @@ struct Memory {
   }
 };
 
+// Memory whose storage 1 holds each byte's own index (0, 1, 2, ...).
+Memory counting_memory() {
+  Memory m;
+  for (size_t i = 0; i < m.a.size(); ++i)
+    m.a[i] = static_cast<uint8_t>(i);
+  return m;
+}
+
 struct Write {
   StorageKey key;
   RangeSet ranges;
@@ -107,9 +115,7 @@ TEST(RegionJournalTest, UndoRedoRoundTripsOnRandomWriteSequences) {
 //   seg 1:             [ writes .......... )
 TEST(RegionJournalTest, EarlierSegmentKeepsLaterSegmentsWrites) {
   RegionJournal journal;
-  Memory m;
-  for (size_t i = 0; i < m.a.size(); ++i)
-    m.a[i] = static_cast<uint8_t>(i);
+  Memory m = counting_memory();
   const auto original = m.a;
   int64_t p0 = journal.pin();
   int64_t p1 = journal.pin();
@@ -129,9 +135,7 @@ TEST(RegionJournalTest, EarlierSegmentKeepsLaterSegmentsWrites) {
 // a pin in between makes the second write's old bytes needed again.
 TEST(RegionJournalTest, RecordsEachByteOncePerPinInterval) {
   RegionJournal journal;
-  Memory m;
-  for (size_t i = 0; i < m.a.size(); ++i)
-    m.a[i] = static_cast<uint8_t>(i);
+  Memory m = counting_memory();
   const auto original = m.a;
   const int64_t p0 = journal.pin();
   RangeSet w;

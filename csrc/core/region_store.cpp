@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <utility>
+#include <vector>
 
 namespace torch_replay {
 
@@ -16,25 +17,46 @@ std::atomic<int64_t>& process_bytes_counter() {
 
 namespace {
 
-const RangeSet& empty_ranges() {
+// The ranges `member` of `key`'s entry, or no ranges when it has none.
+template <class Entries, class Entry>
+const RangeSet& ranges_of(
+    const Entries& entries, StorageKey key, RangeSet Entry::* member) {
   static const RangeSet empty;
-  return empty;
+  auto it = entries.find(key);
+  return it == entries.end() ? empty : it->second.*member;
 }
 
-void check_inside(const StorageRef& storage, const RangeSet& ranges) {
+template <class Entries>
+std::vector<StorageKey> keys_of(const Entries& entries) {
+  std::vector<StorageKey> out;
+  out.reserve(entries.size());
+  for (const auto& kv : entries) {
+    out.push_back(kv.first);
+  }
+  return out;
+}
+
+// `key`'s entry (made when missing), once `ranges` is checked to lie inside
+// `storage`: a range outside it leaves `entries` as it was.
+template <class Entries>
+auto& checked_entry(
+    Entries& entries,
+    StorageKey key,
+    const StorageRef& storage,
+    const RangeSet& ranges) {
   if (!ranges.empty() && (ranges.ranges().front().begin < 0 ||
                           ranges.ranges().back().end > storage.nbytes)) {
     throw ReplayException(
         ErrorKind::kInternal, "byte range outside its storage");
   }
+  return entries[key];
 }
 
 }  // namespace
 
 RangeSet RegionStore::save(
     StorageKey key, const StorageRef& storage, const RangeSet& ranges) {
-  check_inside(storage, ranges);
-  Entry& entry = entries_[key];
+  Entry& entry = checked_entry(entries_, key, storage, ranges);
   RangeSet fresh = ranges.subtract(entry.saved);
   if (fresh.empty()) {
     return fresh;
@@ -64,16 +86,11 @@ void RegionStore::restore_all(const Resolver& resolve) const {
 }
 
 const RangeSet& RegionStore::saved(StorageKey key) const {
-  auto it = entries_.find(key);
-  return it == entries_.end() ? empty_ranges() : it->second.saved;
+  return ranges_of(entries_, key, &Entry::saved);
 }
 
 std::vector<StorageKey> RegionStore::keys() const {
-  std::vector<StorageKey> out;
-  for (const auto& kv : entries_) {
-    out.push_back(kv.first);
-  }
-  return out;
+  return keys_of(entries_);
 }
 
 RegionStore::RegionStore(RegionStore&& other) noexcept
@@ -108,8 +125,7 @@ void RegionStore::clear() {
 
 void FootprintHashes::add(
     StorageKey key, const StorageRef& storage, const RangeSet& ranges) {
-  check_inside(storage, ranges);
-  Entry& entry = entries_[key];
+  Entry& entry = checked_entry(entries_, key, storage, ranges);
   RangeSet fresh = ranges.subtract(entry.ranges);
   if (fresh.empty()) {
     return;
@@ -134,16 +150,11 @@ StorageKey FootprintHashes::first_mismatch(const Resolver& resolve) const {
 }
 
 const RangeSet& FootprintHashes::ranges(StorageKey key) const {
-  auto it = entries_.find(key);
-  return it == entries_.end() ? empty_ranges() : it->second.ranges;
+  return ranges_of(entries_, key, &Entry::ranges);
 }
 
 std::vector<StorageKey> FootprintHashes::keys() const {
-  std::vector<StorageKey> out;
-  for (const auto& kv : entries_) {
-    out.push_back(kv.first);
-  }
-  return out;
+  return keys_of(entries_);
 }
 
 }  // namespace torch_replay

@@ -4,8 +4,10 @@
 // Each component registers its pybind11 bindings from its own file with
 // TORCH_REPLAY_BINDINGS(name) { ... } so that no single file has to know every
 // component. csrc/python/module.cpp runs all registered binders, in name order,
-// when the extension is imported. Binding files include only pybind11 (not
-// torch/extension.h) unless they need tensors: they compile much faster.
+// when the extension is imported. Binding files include only pybind11, or
+// torch/csrc/utils/pybind.h (torch's type casters) where they pass tensors;
+// never torch/extension.h, which brings all of the C++ frontend (nn, optim,
+// data): module.cpp took 29 s of CPU to compile with it, 6 s without.
 
 #include <pybind11/pybind11.h>
 

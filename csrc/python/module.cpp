@@ -1,6 +1,6 @@
 // The torch_replay._C extension module. Components register their bindings
 // through TORCH_REPLAY_BINDINGS (see Note [Binding registry]).
-#include <torch/extension.h>
+#include <pybind11/pybind11.h>
 
 #include "python/bindings.h"
 

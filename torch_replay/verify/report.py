@@ -7,7 +7,7 @@ import os
 import random
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -64,16 +64,7 @@ class SuiteResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
-        return {
-            "suite": self.suite,
-            "params": self.params,
-            "measured": self.measured,
-            "targets": self.targets,
-            "passed": self.passed,
-            "seconds": round(self.seconds, 3),
-            "table": self.table,
-            "records": self.records,
-        }
+        return {**asdict(self), "passed": self.passed, "seconds": round(self.seconds, 3)}
 
 
 class _Progress:
