@@ -199,3 +199,62 @@ def test_observer_nesting_survives_an_operator_that_raises():
     assert torch.equal(buf, torch.ones(3))  # eager's: one update, not two
     assert torch.allclose(x.grad, x.detach().cos() * 1.0)
     assert C.observer_depth() == 0 and C.observer_nesting() == 0
+
+
+# ----------------------------------- Note [Early stop of a stateful re-run]
+
+
+def _tail_counting_segment(lin, calls, draw_after):
+    def seg(a):
+        h = F.dropout(lin(a), 0.5, training=True)  # draws: a stateful segment
+        calls.append("tail")  # after the last tensor the segment saves
+        if draw_after:
+            torch.rand(3)  # a draw no saved tensor depends on
+        return h * 2.0  # saves nothing
+
+    return seg
+
+
+@pytest.mark.parametrize("state", [False, True])
+def test_a_stateful_rerun_stops_where_torchs_does(state):
+    """The re-run stops once every saved tensor is recomputed, as torch's does (its
+    tail does not run), since the state is already reproduced there; gradients equal
+    torch's checkpoint's (right here: nothing changes before backward)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    results = {}
+    for name, ckpt in (("torch", tcp.checkpoint), ("ours", tr.checkpoint)):
+        calls: list[str] = []
+        seg = _tail_counting_segment(lin, calls, draw_after=False)
+        kwargs = {"state": [lin]} if name == "ours" and state else {}
+        torch.manual_seed(1)
+        ckpt(seg, x, use_reentrant=False, **kwargs).sum().backward()
+        results[name] = (len(calls), grads(x, *lin.parameters()))
+        for t in (x, *lin.parameters()):
+            t.grad = None
+    assert results["ours"][0] == results["torch"][0] == 1
+    assert_bitwise(results["ours"][1], results["torch"][1])
+
+
+def test_a_rerun_whose_tail_draws_runs_to_the_end_and_is_verified():
+    """A draw after the last saved tensor: at that point the generator is not yet where
+    the forward left it, so the re-run goes on and is verified at its end; the
+    generator after backward is where the forward left it."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    calls: list[str] = []
+    seg = _tail_counting_segment(lin, calls, draw_after=True)
+    torch.manual_seed(1)
+    y = tr.checkpoint(seg, x, use_reentrant=False)
+    after_forward = torch.get_rng_state()
+    y.sum().backward()
+    assert len(calls) == 2  # the forward's and the re-run's, which did not stop
+    assert torch.equal(torch.get_rng_state(), after_forward)
+    got = grads(x, *lin.parameters())
+    for t in (x, *lin.parameters()):
+        t.grad = None
+    torch.manual_seed(1)  # eager, the same draws
+    seg(x).sum().backward()
+    assert_bitwise(got, grads(x, *lin.parameters()))

@@ -29,7 +29,7 @@ from ._segment import (
     _observer,
     _rng_devices,
 )
-from .errors import UnsupportedReplayError
+from .errors import ReplayError, UnsupportedReplayError
 
 # ---------------------------------------------------------- non-reentrant path
 
@@ -205,7 +205,11 @@ class _Frame:
                 holder.handles[gid] = _Handle()
                 self.recomputed[gid][holder.handles[gid]] = x
             if early_stop and self.counter[gid] == len(self.weak_holders):
-                raise _StopRecompute
+                # Every saved tensor is recomputed. A stateful segment stops here only
+                # if its end state is already reproduced (Note [Early stop of a
+                # stateful re-run]); otherwise it runs on and is verified at its end.
+                if not (txn is not None and txn.stateful) or _reproduced(txn):
+                    raise _StopRecompute
             return x
 
         return pack
@@ -232,11 +236,9 @@ class _Frame:
 
     def recompute(self, gid) -> None:
         txn = self.txn
-        # A stateful segment runs to the end so that its end state is verified.
-        early_stop = self.early_stop and not txn.stateful
         txn.begin_replay()
         try:
-            if self._rerun(gid, txn, txn, early_stop):
+            if self._rerun(gid, txn, txn, self.early_stop):
                 txn.verify_replay()
             # Recomputed tensors that alias state about to be put back to its live
             # bytes must keep the replay's bytes.
@@ -337,6 +339,32 @@ def _device_context():
         (m for m in reversed(_get_current_function_mode_stack()) if isinstance(m, DeviceContext)),
         contextlib.nullcontext(),
     )
+
+
+# Note [Early stop of a stateful re-run]
+# torch's non-reentrant checkpoint stops a re-run once every tensor the forward saved is
+# recomputed (torch.utils.checkpoint.set_checkpoint_early_stop, on by default): what the
+# segment computes after that reaches no gradient. A stateful segment (it touched state
+# or drew random numbers) must prove its re-run reproduced the forward, P(B0, R0) =
+# (B_T, R_T) (Note [Replay protocol] in csrc/aten/transaction.h). It stops at that
+# point too when the proof already holds there: every byte the forward wrote holds its
+# end value and every generator is at the forward's end position, so the re-run's
+# prefix (all that the saved tensors come from) reproduced the whole forward's effect
+# on state, and what the suffix would do is what the forward's suffix did: nothing more
+# (a deterministic suffix that drew or wrote would have moved the forward past these
+# values). When the proof does not hold yet (the suffix writes running statistics,
+# draws a dropout mask after the last saved tensor), the re-run goes on to the end and
+# is verified there, as before. The gradient is the same either way; the proof is
+# checked at both points by the same verify_replay.
+
+
+def _reproduced(txn) -> bool:
+    """Whether the re-run in progress already reproduced the forward's end state."""
+    try:
+        txn.verify_replay()
+    except ReplayError:
+        return False
+    return True
 
 
 def _checkpoint_nonreentrant(
