@@ -169,11 +169,8 @@ def llama_steps(seq: int) -> dict:
     }
 
 
-def small_op_steps(reentrant: bool) -> dict:
-    x0 = torch.randn(32, 32, requires_grad=True)
-
-    def block(a):
-        return torch.tanh(a * 0.9 + 0.1).sigmoid() * a - 0.01
+def chain_steps(block, x0: torch.Tensor, reentrant: bool) -> dict:
+    """torch's and torch_replay's step through 64 checkpointed copies of ``block``."""
 
     def step(ckpt):
         def run():
@@ -187,22 +184,15 @@ def small_op_steps(reentrant: bool) -> dict:
     return {"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}
 
 
+def small_op_steps(reentrant: bool) -> dict:
+    def block(a):
+        return torch.tanh(a * 0.9 + 0.1).sigmoid() * a - 0.01
+
+    return chain_steps(block, torch.randn(32, 32, requires_grad=True), reentrant)
+
+
 def segment_steps(reentrant: bool) -> dict:
-    x = torch.randn(4, requires_grad=True)
-
-    def blk(h):
-        return h * 2
-
-    def step(ckpt):
-        def run():
-            h = x
-            for _ in range(64):
-                h = ckpt(blk, h, use_reentrant=reentrant)
-            h.sum().backward()
-
-        return run
-
-    return {"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}
+    return chain_steps(lambda h: h * 2, torch.randn(4, requires_grad=True), reentrant)
 
 
 # ------------------------------------------------------------------ memory
