@@ -9,11 +9,19 @@ process per variant under ``perf record``, samples grouped by what they are.
 Samples are normalised by each run's samples in MKL's sgemm kernels (the same matrix work
 in every variant), so a group's figure reads "samples per unit of model work": the
 difference to torch's row is what the variant adds, whatever the load on the machine.
+
+Python's cyclic collector runs a full (generation 2) collection every so many surviving
+allocations, wherever in the program they land: one that falls inside the sampled steps of
+one variant and in the warm-up of another is a difference of where, not of what. So each
+process collects fully before it samples, and the table counts the full collections that
+still ran inside the sampled steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import re
 import shutil
@@ -62,8 +70,16 @@ def _step(variant: str, steps: int, data: str) -> None:
         return tr.checkpoint(blk, h, use_reentrant=False, state=[blk], engine=variant)
 
     perf = None
+    full = []  # generation-2 collections inside the sampled steps
+
+    def count_full(phase: str, info: dict) -> None:
+        if phase == "stop" and info["generation"] == 2 and perf is not None:
+            full.append(1)
+
+    gc.callbacks.append(count_full)
     for i in range(steps + 2):
         if i == 2:  # two warm-up steps first; then this process samples itself
+            gc.collect()  # (the warm-up's garbage is not the sampled steps')
             perf = subprocess.Popen(
                 ["perf", "record", "-q", "-F", "999", "-p", str(os.getpid()), "-o", data],
                 stdout=subprocess.DEVNULL,
@@ -77,6 +93,8 @@ def _step(variant: str, steps: int, data: str) -> None:
         h.pow(2).mean().backward()
     perf.send_signal(signal.SIGINT)
     perf.wait()
+    with open(data + ".gc", "w") as f:
+        json.dump({"full collections": len(full)}, f)
 
 
 def _record(variant: str, steps: int, tmp: str) -> dict[str, int]:
@@ -91,6 +109,8 @@ def _record(variant: str, steps: int, tmp: str) -> dict[str, int]:
     ).stdout
     counts = {g: 0 for g, _ in GROUPS}
     counts["other"] = 0
+    with open(data + ".gc") as f:
+        counts["full collections"] = json.load(f)["full collections"]
     for line in report.splitlines():
         m = re.match(r"\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[.\]\s+(.*)", line)
         if not m:
@@ -118,13 +138,15 @@ def markdown(rows: dict[str, dict[str, int]], command: str) -> str:
         "| --- |" + " --- |" * len(names),
     ]
     groups = [g for g, _ in GROUPS] + ["other"]
-    totals = {v: sum(c.values()) for v, c in rows.items()}
+    totals = {v: sum(c[g] for g in groups) for v, c in rows.items()}
     for g in groups + ["total"]:
         cells = []
         for v in names:
             n = totals[v] if g == "total" else rows[v][g]
             cells.append(f"{1000 * n / max(rows[v][GROUPS[0][0]], 1):.0f}")
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    full = " | ".join(str(rows[v]["full collections"]) for v in names)
+    lines.append(f"| full GC collections in the sampled steps (count) | {full} |")
     return "\n".join(lines) + "\n"
 
 

@@ -512,3 +512,80 @@ def test_a_rerun_writing_what_the_forward_only_read_is_verified(engine, verify, 
     with pytest.raises(tr.StateMutationError, match="reproduce"):
         y.sum().backward()
     assert storage_bytes(buf) == before
+
+
+# ------------------------------------------------ how declared modules are collected
+
+
+class _Shared(nn.Module):
+    """A tree torch's walk de-duplicates: a submodule reached twice, a tied
+    parameter, a None buffer, a non-persistent buffer."""
+
+    def __init__(self):
+        super().__init__()
+        inner = nn.Linear(4, 4)
+        self.a = nn.Sequential(inner, nn.BatchNorm1d(4))
+        self.b = inner  # the same module again
+        self.c = nn.Linear(4, 4)
+        self.c.weight = self.a[0].weight  # tied
+        self.register_buffer("nothing", None)
+        self.register_buffer("scratch", torch.zeros(3), persistent=False)
+
+
+class _OwnWalk(nn.Module):
+    """A module that changes what named_parameters yields."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 2)
+
+    def named_parameters(self, *args, **kwargs):
+        return iter([("only.bias", self.lin.bias)])
+
+
+@pytest.mark.parametrize("make", [_Shared, _OwnWalk, lambda: nn.TransformerEncoderLayer(8, 2)])
+def test_declared_modules_are_collected_as_torchs_own_walk_lists_them(make):
+    """state=[module] declares exactly module.named_buffers() then
+    module.named_parameters() (torch's own methods are the reference), with their
+    names, whatever the tree shares or overrides."""
+    from torch_replay._segment import _collect_state
+
+    m = make()
+    tensors, names, _, _ = _collect_state([m], m)
+    want = [(n, "buffer", b) for n, b in m.named_buffers()]
+    want += [(n, "parameter", p) for n, p in m.named_parameters()]
+    assert [t is w for t, (_, _, w) in zip(tensors, want, strict=True)] == [True] * len(want)
+    prefix = type(m).__name__
+    assert names == [f"{prefix}.{n} ({kind})" for n, kind, _ in want]
+
+
+@pytest.mark.parametrize("engine", ALL_ENGINES)
+def test_a_weight_read_whole_then_written_in_the_segment_gives_eagers_gradient(engine):
+    """Note [Whole reads]: once a declared weight was read whole, later reads are
+    dismissed, but a write to it inside the segment (and the reads after that write)
+    still counts: every engine that may preserve a write gives eager's gradient and
+    leaves the weight as eager left it; the guard refuses."""
+    torch.manual_seed(0)
+    w0 = torch.randn(6, 6)
+    x0 = torch.randn(3, 6)
+
+    def program(w, x):
+        # (Copies of w enter the products, so that eager autograd saves no tensor
+        # the in-place write changes: eager is a valid reference.)
+        h = torch.tanh(x @ w.clone())  # reads w whole
+        h = h @ (w * 1.0).t()  # again
+        w.mul_(0.5)  # writes it
+        return (torch.sigmoid(h @ w.clone()) * (x @ (w + 0.0))).sum()  # reads after the write
+
+    w_ref, x_ref = w0.clone(), x0.clone().requires_grad_()
+    ref = torch.autograd.grad(program(w_ref, x_ref), x_ref)[0]
+    w, x = w0.clone(), x0.clone().requires_grad_()
+    if engine == "guard":
+        with pytest.raises(tr.StateMutationError, match="guard"):
+            tr.checkpoint(program, w, x, state=[w], engine=engine, use_reentrant=False)
+        assert torch.equal(w, w0)
+        return
+    y = tr.checkpoint(program, w, x, state=[w], engine=engine, use_reentrant=False)
+    y.backward()
+    assert torch.equal(x.grad, ref)
+    assert torch.equal(w, w_ref)

@@ -153,19 +153,24 @@ def _collect_state(state, function):
             f"got {type(state).__name__}"
         )
     root = _root_module(function)
-    paths = {id(m): p for p, m in root.named_modules()} if root is not None else {}
+    paths = None
     for i, item in enumerate(state):
         if isinstance(item, torch.nn.Module):
-            prefix = paths.get(id(item), type(item).__name__)
+            if item is root:
+                prefix = ""
+            else:
+                if paths is None:
+                    paths = {id(m): p for p, m in root.named_modules()} if root is not None else {}
+                prefix = paths.get(id(item), "")
             prefix = prefix or type(item).__name__
             # FSDP2 / DTensor state is preserved by its local shard (Note [FSDP traffic]).
-            owner = _fsdp.owners(item)
-            for n, b in item.named_buffers():
-                if b is not None:
-                    local = _fsdp.local_state(b, owner)
-                    tensors.append(local)
-                    names.append(f"{prefix}.{n} (buffer{_shard_word(local, b)})")
-            for n, p in item.named_parameters():
+            modules, buffers, parameters = _module_state(item)
+            owner = _fsdp.owners(item, modules)
+            for n, b in buffers:
+                local = _fsdp.local_state(b, owner)
+                tensors.append(local)
+                names.append(f"{prefix}.{n} (buffer{_shard_word(local, b)})")
+            for n, p in parameters:
                 local = _fsdp.local_state(p, owner)
                 tensors.append(local)
                 names.append(f"{prefix}.{n} (parameter{_shard_word(local, p)})")
@@ -182,6 +187,54 @@ def _collect_state(state, function):
                 "nn.Modules (their buffers and parameters) and torch.Generators only"
             )
     return tensors, names, gens, gen_names
+
+
+_TREE_METHODS = ("named_modules", "named_buffers", "named_parameters", "_named_members")
+_plain_modules: dict[type, bool] = {}
+
+
+def _module_state(module: torch.nn.Module):
+    """``list(module.modules())``, ``list(module.named_buffers())`` and
+    ``list(module.named_parameters())``: the same modules, names and order, from one
+    walk of the module tree instead of three (a segment that declares its layer collects
+    them at every call). A tree with a module class that changes how the tree is walked
+    is walked by torch's own methods."""
+    order: list[tuple[str, torch.nn.Module]] = []
+    seen: set[int] = set()
+    stack = [("", module)]
+    while stack:
+        prefix, m = stack.pop()
+        if id(m) in seen:
+            continue
+        cls = type(m)
+        plain = _plain_modules.get(cls)
+        if plain is None:
+            plain = all(getattr(cls, n) is getattr(torch.nn.Module, n) for n in _TREE_METHODS)
+            _plain_modules[cls] = plain
+        if not plain:
+            return (
+                list(module.modules()),
+                list(module.named_buffers()),
+                list(module.named_parameters()),
+            )
+        seen.add(id(m))
+        order.append((prefix, m))
+        children = [
+            (f"{prefix}.{n}" if prefix else n, c) for n, c in m._modules.items() if c is not None
+        ]
+        stack.extend(reversed(children))
+
+    def members(kind: str) -> list[tuple[str, torch.Tensor]]:
+        out, memo = [], set()
+        for prefix, m in order:
+            for n, t in getattr(m, kind).items():
+                if t is None or id(t) in memo:
+                    continue
+                memo.add(id(t))
+                out.append((f"{prefix}.{n}" if prefix else n, t))
+        return out
+
+    return [m for _, m in order], members("_buffers"), members("_parameters")
 
 
 def _shard_word(local: torch.Tensor, declared: torch.Tensor) -> str:

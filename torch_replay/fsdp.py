@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from collections.abc import Iterable
 
 import torch
 
@@ -74,15 +75,17 @@ def install() -> None:
     _installed = True
 
 
-def _unsharded_to_local(module: torch.nn.Module) -> dict[int, torch.Tensor]:
-    """id(unsharded or sharded parameter) -> local shard, for the FSDP modules in
-    ``module`` (a parameter read inside the forward is the unsharded one)."""
+def _unsharded_to_local(modules: Iterable[torch.nn.Module]) -> dict[int, torch.Tensor]:
+    """id(unsharded or sharded parameter) -> local shard, for the FSDP modules among
+    ``modules`` (a parameter read inside the forward is the unsharded one)."""
     out: dict[int, torch.Tensor] = {}
-    for m in module.modules():
-        get_state = getattr(m, "_get_fsdp_state", None)
+    for m in modules:
+        # (Looked up on the class: FSDP2 makes its modules instances of an FSDPModule
+        # subclass, and a miss on the instance would go through Module.__getattr__.)
+        get_state = getattr(type(m), "_get_fsdp_state", None)
         if get_state is None:
             continue
-        group = getattr(get_state(), "_fsdp_param_group", None)
+        group = getattr(get_state(m), "_fsdp_param_group", None)
         for fp in getattr(group, "fsdp_params", ()) if group is not None else ():
             local = fp._sharded_local_tensor
             out[id(fp.sharded_param)] = local
@@ -101,8 +104,11 @@ def local_state(t: torch.Tensor, owner: dict[int, torch.Tensor] | None = None) -
     return local if isinstance(local, torch.Tensor) else t
 
 
-def owners(module: torch.nn.Module) -> dict[int, torch.Tensor] | None:
-    """:func:`_unsharded_to_local` when FSDP is in use, else None (no cost)."""
+def owners(
+    module: torch.nn.Module, modules: Iterable[torch.nn.Module] | None = None
+) -> dict[int, torch.Tensor] | None:
+    """:func:`_unsharded_to_local` of ``module`` (or of its ``modules``, when the caller
+    has walked them already) when FSDP is in use, else None (no cost)."""
     if "torch.distributed.fsdp" not in sys.modules:
         return None
-    return _unsharded_to_local(module) or None
+    return _unsharded_to_local(module.modules() if modules is None else modules) or None

@@ -2,12 +2,12 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
+#include <c10/util/flat_hash_map.h>
 
 #include <algorithm>
 #include <mutex>
 #include <optional>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -95,8 +95,11 @@ struct ThreadState {
   // those of them it declares it writes.
   std::vector<StorageKey> top_keys;
   std::vector<StorageKey> top_written;
-  // Keyed by the address of the schema's name, unique per overload.
-  std::unordered_map<const char*, OpInfo> infos;
+  // Keyed by the address of the schema's name, unique per overload; open
+  // addressing (one probe of a small array per operator, which every callback
+  // of every operator makes), the facts themselves never move (frames point
+  // to them).
+  ska::flat_hash_map<const char*, std::unique_ptr<OpInfo>> infos;
   // Nesting of operators seen by the write watch (Note [Write watch]).
   int watch_depth = 0;
   // Buffers reused by every callback (callbacks never nest: in_callback).
@@ -150,9 +153,9 @@ const OpInfo& info_of(ThreadState& s, const at::RecordFunction& fn) {
   const char* key = fn.name();
   auto it = s.infos.find(key);
   if (it == s.infos.end()) {
-    it = s.infos.emplace(key, make_info(fn)).first;
+    it = s.infos.emplace(key, std::make_unique<OpInfo>(make_info(fn))).first;
   }
-  return it->second;
+  return *it->second;
 }
 
 struct CallbackGuard {

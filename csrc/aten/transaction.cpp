@@ -354,7 +354,8 @@ void Transaction::before_op(
     const bool declared = declared_.count(key) > 0;
     const bool interesting = replay ? !replay_internal_.count(key)
                                     : (declared || !internal_.count(key));
-    if (!interesting) {
+    if (!interesting ||
+        (declared && !writes[i] && read_whole(tensors[i], key))) {
       continue;
     }
     // A read of undeclared state needs its bytes only to be preserved
@@ -437,6 +438,7 @@ void Transaction::forward_access(
       writes_[key].add(fp);
       RegionJournal::global().record_if_watched(key, ref, fp);
     }
+    note_whole(t, key);
     return;
   }
   // A storage that existed before the segment.
@@ -473,6 +475,25 @@ void Transaction::forward_access(
       reads_.erase(it);
     }
     reads_.emplace(impl, watch(t, key));
+  }
+}
+
+bool Transaction::read_whole(const at::Tensor& t, StorageKey key) const {
+  auto it = whole_.find(key);
+  if (it == whole_.end()) {
+    return false;
+  }
+  const c10::Storage& st = t.storage();
+  return it->second.data == st.data() &&
+         it->second.nbytes == static_cast<int64_t>(st.nbytes()) &&
+         !reshaped(key);
+}
+
+void Transaction::note_whole(const at::Tensor& t, StorageKey key) {
+  const int64_t nbytes = static_cast<int64_t>(t.storage().nbytes());
+  const std::vector<ByteRange>& r = footprint_[key].ranges();
+  if (r.size() == 1 && r[0].begin <= 0 && r[0].end >= nbytes) {
+    whole_.insert_or_assign(key, Whole{t.storage().data(), nbytes});
   }
 }
 

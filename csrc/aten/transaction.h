@@ -90,6 +90,19 @@
 // Undeclared tensors are checked by version counters at both levels, and
 // sparse tensors' parts by hashes (Note [Sparse tensors]).
 
+// Note [Whole reads]
+// A layer's declared state is mostly weights that every matrix product of
+// the forward reads whole, several times. Once the segment's accesses of a
+// declared storage cover all of its bytes, a further read records nothing:
+// the footprint already holds every byte; no engine's read is news (the
+// snapshot copied all, the readset keeps the first copy, the guard's exposed
+// bytes only shrink as the segment writes, the journal's accessed flag and
+// start hashes are set); and a re-run's read cannot leave the footprint. So
+// such a read is dismissed after one lookup, without computing its
+// footprint, as long as the storage has the same data pointer and size it
+// had when it was found whole (else the full path runs and checks it).
+// Writes always take the full path.
+
 namespace torch_replay::aten {
 
 // Note [Storage keys]
@@ -307,6 +320,11 @@ class Transaction {
   bool reshaped(StorageKey key) const {
     return reshaped_keys_.count(key) > 0;
   }
+  // Note [Whole reads]: whether a read of `t` (declared, key `key`) is
+  // already recorded; note_whole records that the forward's accesses of it
+  // now cover all of its bytes, if they do.
+  bool read_whole(const at::Tensor& t, StorageKey key) const;
+  void note_whole(const at::Tensor& t, StorageKey key);
   void preserve_read(const at::Tensor& t, StorageKey key, const RangeSet& fp);
   // Note [Sparse tensors]: before_op's arguments with sparse tensors as their
   // parts, the parts read hashed; returns the key of a pre-existing one it
@@ -358,6 +376,13 @@ class Transaction {
   StorageMap internal_;
   std::map<StorageKey, External> written_external_;
   std::map<StorageKey, RangeSet> footprint_, writes_;
+  // Declared storages the forward accessed whole, with their data pointer and
+  // size then (Note [Whole reads]).
+  struct Whole {
+    const void* data;
+    int64_t nbytes;
+  };
+  ska::flat_hash_map<StorageKey, Whole> whole_;
   std::vector<c10::Device> devices_seen_;
   std::vector<Watched> saved_;
   std::unordered_map<c10::TensorImpl*, Watched> reads_;  // by live tensor
