@@ -42,8 +42,21 @@ from torch_replay.planner import Option, plan
 MiB = 1 << 20
 
 
-def engine_segments(rng: random.Random, n: int, kinds: int | None = None) -> list[list[Option]]:
-    """Engine-shaped options; with `kinds`, only that many distinct segments."""
+def engine_segments(
+    rng: random.Random, n: int, kinds: int | None = None, *, time_unit: float = 1e-3
+) -> list[list[Option]]:
+    """Engine-shaped options, bytes in whole MiB (tests/test_planner_ilp.py checks the
+    planner on them against an integer program).
+
+    Args:
+        rng: the random source.
+        n: segments.
+        kinds: only that many distinct segments, repeated (None: all distinct).
+        time_unit: a forward's time is 0.5 to 1.5 of it (seconds).
+
+    Returns:
+        The options of each segment.
+    """
     protos = []
     for _ in range(kinds or n):
         act = rng.randint(64, 256)
@@ -51,7 +64,7 @@ def engine_segments(rng: random.Random, n: int, kinds: int | None = None) -> lis
         buf = rng.randint(32, 128)
         journal = max(1, int(buf * rng.uniform(0.01, 0.2)))
         readset = int(buf * rng.uniform(0.1, 0.6))
-        f = rng.uniform(0.5e-3, 1.5e-3)
+        f = rng.uniform(0.5 * time_unit, 1.5 * time_unit)
         protos.append(
             [
                 Option("eager", retained=act * MiB, transient=0, time=0.0),
@@ -59,7 +72,7 @@ def engine_segments(rng: random.Random, n: int, kinds: int | None = None) -> lis
                     "snapshot",
                     retained=(inputs + buf) * MiB,
                     transient=act * MiB,
-                    time=f + rng.uniform(0, 1e-4),
+                    time=f + rng.uniform(0, 0.1 * time_unit),
                     preserved=buf * MiB,
                 ),
                 Option(

@@ -73,18 +73,35 @@ class InvRes(nn.Module):
         return x + y if self.use_res else y
 
 
-class SmallMobileNet(nn.Module):
-    """MobileNetV2-style inverted residuals (stand-in for torchvision MobileNetV2)."""
+class Pooled(nn.Module):
+    """A classifier: a stack of layers ``f``, a global average pool, a linear head ``fc``.
 
-    def __init__(self):
+    Args:
+        *layers: the stack, in order.
+        features: channels out of the stack.
+        classes: outputs of the head.
+    """
+
+    def __init__(self, *layers: nn.Module, features: int, classes: int = 10):
         super().__init__()
-        self.f = nn.Sequential(
-            conv_bn(3, 16, 3, 2), InvRes(16, 16, 1), InvRes(16, 24, 2), InvRes(24, 24, 1)
-        )
-        self.fc = nn.Linear(24, 10)
+        self.f = nn.Sequential(*layers)
+        self.fc = nn.Linear(features, classes)
 
     def forward(self, x):
         return self.fc(self.f(x).mean((2, 3)))
+
+
+class SmallMobileNet(Pooled):
+    """MobileNetV2-style inverted residuals (stand-in for torchvision MobileNetV2)."""
+
+    def __init__(self):
+        super().__init__(
+            conv_bn(3, 16, 3, 2),
+            InvRes(16, 16, 1),
+            InvRes(16, 24, 2),
+            InvRes(24, 24, 1),
+            features=24,
+        )
 
 
 class SmallDeepLab(nn.Module):
@@ -125,20 +142,15 @@ class Inception(nn.Module):
         return self.fc(y.mean((2, 3)))
 
 
-class MCU(nn.Module):
+class MCU(Pooled):
     """Microcontroller-class CNN (depthwise-separable)."""
 
     def __init__(self, w=8, depth=3):
-        super().__init__()
         layers = [conv_bn(1, w, 3, 2)]
         for _ in range(depth):
             layers += [conv_bn(w, w, 3, 1, groups=w), conv_bn(w, 2 * w, 1)]
             w *= 2
-        self.f = nn.Sequential(*layers)
-        self.fc = nn.Linear(w, 4)
-
-    def forward(self, x):
-        return self.fc(self.f(x).mean((2, 3)))
+        super().__init__(*layers, features=w, classes=4)
 
 
 class UNet(nn.Module):
@@ -342,21 +354,17 @@ class MBConv(nn.Module):
         return x + y if self.res else y
 
 
-class EfficientNet(nn.Module):
+class EfficientNet(Pooled):
     def __init__(self, act=nn.SiLU, gate=torch.sigmoid):
-        super().__init__()
-        self.f = nn.Sequential(
+        super().__init__(
             nn.Conv2d(3, 16, 3, 2, 1, bias=False),
             nn.BatchNorm2d(16),
             act(),
             MBConv(16, 16, 1, 4, act, gate),
             MBConv(16, 24, 2, 4, act, gate),
             MBConv(24, 24, 1, 4, act, gate),
+            features=24,
         )
-        self.fc = nn.Linear(24, 10)
-
-    def forward(self, x):
-        return self.fc(self.f(x).mean((2, 3)))
 
 
 class XBlock(nn.Module):
@@ -380,16 +388,15 @@ class XBlock(nn.Module):
         return F.relu(self.f(x) + self.sc(x))
 
 
-class RegNet(nn.Module):
+class RegNet(Pooled):
     def __init__(self):
-        super().__init__()
-        self.f = nn.Sequential(
-            conv_bn(3, 16, 3, 2), XBlock(16, 32, 2), XBlock(32, 32, 1), XBlock(32, 64, 2)
+        super().__init__(
+            conv_bn(3, 16, 3, 2),
+            XBlock(16, 32, 2),
+            XBlock(32, 32, 1),
+            XBlock(32, 64, 2),
+            features=64,
         )
-        self.fc = nn.Linear(64, 10)
-
-    def forward(self, x):
-        return self.fc(self.f(x).mean((2, 3)))
 
 
 class LSTMNet(nn.Module):

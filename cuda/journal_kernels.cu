@@ -74,6 +74,18 @@ int blocks_for(int64_t n) {
   return static_cast<int>(n < 1 ? 1 : (n < kMaxBlocks ? n : kMaxBlocks));
 }
 
+// Launches `kernel` over n ranges on `stream` (nothing to do for n == 0) and
+// returns the launch's error.
+template <typename... Params, typename... Args>
+cudaError_t launch(
+    void (*kernel)(Params...), int64_t n, cudaStream_t stream, Args... args) {
+  if (n == 0) {
+    return cudaSuccess;
+  }
+  kernel<<<blocks_for(n), kThreads, 0, stream>>>(args...);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t gather_ranges(
@@ -83,12 +95,7 @@ cudaError_t gather_ranges(
     int64_t n,
     uint8_t* dst,
     cudaStream_t stream) {
-  if (n == 0) {
-    return cudaSuccess;
-  }
-  gather_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-      base, ranges, offsets, n, dst);
-  return cudaGetLastError();
+  return launch(gather_kernel, n, stream, base, ranges, offsets, n, dst);
 }
 
 cudaError_t scatter_ranges(
@@ -98,12 +105,7 @@ cudaError_t scatter_ranges(
     int64_t n,
     const uint8_t* src,
     cudaStream_t stream) {
-  if (n == 0) {
-    return cudaSuccess;
-  }
-  scatter_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-      base, ranges, offsets, n, src);
-  return cudaGetLastError();
+  return launch(scatter_kernel, n, stream, base, ranges, offsets, n, src);
 }
 
 cudaError_t hash_ranges(
@@ -112,11 +114,7 @@ cudaError_t hash_ranges(
     int64_t n,
     unsigned long long* out,
     cudaStream_t stream) {
-  if (n == 0) {
-    return cudaSuccess;
-  }
-  hash_kernel<<<blocks_for(n), kThreads, 0, stream>>>(base, ranges, n, out);
-  return cudaGetLastError();
+  return launch(hash_kernel, n, stream, base, ranges, n, out);
 }
 
 }  // namespace torch_replay::cuda

@@ -66,6 +66,21 @@ def test_shipped_configs_validate(name):
         assert cfg.device == "cuda" and max(cfg.grid.buffer_mib) == 1024
 
 
+def test_dry_run_config_reduced_takes_every_path():
+    # scripts/gpu_check.sh --dry-run measures configs/cpu_dry_run.yaml --reduced: small,
+    # but with the grid and the model, every option, sparse and dense writes, one and
+    # several live versions, as configs/cpu.yaml --reduced has.
+    full = cal.reduce_config(cal.load_config(os.path.join(ROOT, "configs", "cpu.yaml")))
+    cfg = cal.reduce_config(cal.load_config(os.path.join(ROOT, "configs", "cpu_dry_run.yaml")))
+    assert cfg.device == full.device == "cpu" and cfg.options == full.options
+    assert cfg.model is not None and cfg.model.factory == full.model.factory
+    shapes = cfg.shapes()
+    assert {s.write_ratio == 1.0 for s in shapes} == {True, False}
+    assert {s.live_versions > 1 for s in shapes} == {True, False}
+    assert len(shapes) == len(full.shapes())
+    assert max(s.buffer_bytes for s in shapes) < min(s.buffer_bytes for s in full.shapes())
+
+
 def test_dry_run_cli(capsys):
     assert cal.main(["--config", os.path.join(ROOT, "configs", "h100.yaml"), "--dry-run"]) == 0
     assert "1024MiB w=0.001 V=64" in capsys.readouterr().out

@@ -10,8 +10,9 @@ import random
 
 import pytest
 
+from benchmarks.bench_planner import engine_segments
 from torch_replay.errors import InfeasibleBudgetError
-from torch_replay.planner import Option, plan
+from torch_replay.planner import plan
 
 from .reference import planner_core as _core
 from .reference import slow
@@ -22,49 +23,6 @@ MiB = 1 << 20
 # ---------------------------------------------------------------------------
 # Integer program cross-check (HiGHS)
 # ---------------------------------------------------------------------------
-
-
-def engine_like_instance(rng, n):
-    """Costs shaped like the engines': bytes are whole MiB."""
-    segments = []
-    for _ in range(n):
-        act = rng.randint(64, 256)
-        inputs = rng.randint(4, 16)
-        buf = rng.randint(32, 128)
-        journal = max(1, int(buf * rng.uniform(0.01, 0.2)))
-        f = rng.uniform(0.5, 1.5)
-        seg = [
-            Option("eager", retained=act * MiB, transient=0, time=0.0),
-            Option(
-                "snapshot",
-                retained=(inputs + buf) * MiB,
-                transient=act * MiB,
-                time=f + rng.uniform(0, 0.1),
-                preserved=buf * MiB,
-            ),
-            Option(
-                "journal",
-                retained=(inputs + journal) * MiB,
-                transient=(act + journal) * MiB,
-                time=f * rng.uniform(1.1, 1.4),
-                preserved=journal * MiB,
-            ),
-            Option(
-                "readset",
-                retained=(inputs + buf // 2) * MiB,
-                transient=act * MiB,
-                time=f * rng.uniform(1.05, 1.15),
-                preserved=(buf // 2) * MiB,
-            ),
-            Option(
-                "guard",
-                retained=inputs * MiB,
-                transient=act * MiB,
-                time=f * rng.uniform(1.02, 1.07),
-            ),
-        ]
-        segments.append(seg)
-    return segments
 
 
 def solve_integer_program(highspy, segments, budget, persistent):
@@ -111,7 +69,7 @@ def solve_integer_program(highspy, segments, budget, persistent):
 
 
 def check_against_integer_program(highspy, rng, n):
-    segments = engine_like_instance(rng, n)
+    segments = engine_segments(rng, n, time_unit=1.0)
     persistent = rng.randint(0, 512) * MiB
     eager = persistent + sum(seg[0].retained for seg in segments)
     try:  # the least budget with a plan (the planner's own figure, checked below)
@@ -154,7 +112,7 @@ def test_matches_integer_program_many():
 
 def test_large_instance_runs():
     rng = random.Random(3)
-    segments = engine_like_instance(rng, 64)
+    segments = engine_segments(rng, 64, time_unit=1.0)
     floor = (
         _core()
         .ParetoPlanner([[(o.retained, o.transient, o.time) for o in seg] for seg in segments], 0)

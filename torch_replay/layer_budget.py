@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -53,6 +52,7 @@ from .calibrate.fingerprint import (
     _first_difference,
     _Kept,
     machine_info,
+    read_costs,
 )
 from .errors import CostsMismatchError, InfeasibleBudgetError
 from .planner import Option, Plan, plan
@@ -316,14 +316,7 @@ _RECALIBRATE = (
 
 
 def _read_costs(costs: Any, model, names, prints) -> Mapping[str, Any]:
-    if isinstance(costs, Mapping):
-        doc, source = costs, "the layer costs"
-    else:
-        source = f"layer costs file {os.fspath(costs)!r}"
-        try:
-            doc = json.loads(Path(costs).read_text())
-        except OSError as e:
-            raise ValueError(f"cannot read {source}: {e}. {_RECALIBRATE}") from None
+    doc, source = read_costs(costs, what="layer costs", remedy=_RECALIBRATE)
     if doc.get("schema") != LAYER_SCHEMA:
         raise ValueError(
             f"{source} is not a {LAYER_SCHEMA} document (schema={doc.get('schema')!r}): "
@@ -383,6 +376,7 @@ def plan_layers(
     costs: Any = None,
     calibration: Mapping[str, Any] | None = None,
     drop_cache: bool = False,
+    engine: str = "auto",
 ) -> LayerPlan:
     """Plan which of ``model``'s ``layers`` keep their activations (Note [Layer plans]).
 
@@ -405,6 +399,9 @@ def plan_layers(
             layer costs there).
         drop_cache: calibrate with ``use_cache=False`` / ``past_key_values=None`` as a
             checkpointed transformers layer runs.
+        engine: a replay engine: each layer is either kept or checkpointed with it
+            (the calibration's ``options`` default to ``["eager", engine]``);
+            ``"auto"``: every option.
 
     Returns:
         The :class:`LayerPlan`.
@@ -415,6 +412,8 @@ def plan_layers(
         ValueError: a layer did not run in the example call, or unreadable costs.
     """
     kw = dict(calibration or {})
+    if engine != "auto":
+        kw.setdefault("options", ["eager", engine])
     out = kw.pop("out", None)
     kw.setdefault("progress", False)
     if kw.pop("quick", False):  # one warm-up: otherwise the first option measured pays it

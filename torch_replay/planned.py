@@ -50,23 +50,16 @@ __all__ = ["LiveBytesTracker", "PeakReport", "PlannedSequential", "SegmentProfil
 def _read_costs(costs: Any, mods: Sequence[Any]) -> tuple[list[list[Option]], Mapping | None]:
     n = len(mods)
     if isinstance(costs, (str, os.PathLike, Mapping)):
-        import json
-        from pathlib import Path
-
         from .calibrate import SCHEMA, check_costs, load_costs
+        from .calibrate.fingerprint import read_costs
 
-        if isinstance(costs, Mapping):
-            doc, source = costs, "the costs"
-        else:
-            source = f"costs file {os.fspath(costs)!r}"
-            try:
-                doc = json.loads(Path(costs).read_text())
-            except OSError as e:
-                raise ValueError(
-                    f"cannot read {source}: {e}. Write it with tr.calibrate_model(..., "
-                    "out=...) or `python -m torch_replay.calibrate --model pkg.module:factory "
-                    "--out costs.json`, or pass costs='auto'"
-                ) from None
+        doc, source = read_costs(
+            costs,
+            what="costs",
+            remedy="Write it with tr.calibrate_model(..., out=...) or `python -m "
+            "torch_replay.calibrate --model pkg.module:factory --out costs.json`, or pass "
+            "costs='auto'",
+        )
         if doc.get("schema") == SCHEMA and doc.get("model"):
             check_costs(doc, mods, source=source)
         return load_costs(doc, segments=n), doc

@@ -270,10 +270,6 @@ def _apply_budget(model, check_fn, auto_wrap_policy, *, budget, example_input, *
     plan_kw = {k: kwargs.pop(k) for k in ("loss_fn", "step_memory", "costs", "calibration")}
     replay_state = kwargs.get("replay_state", "module")
     engine = kwargs.pop("replay_engine", "auto")
-    if engine != "auto":
-        calibration = dict(plan_kw["calibration"] or {})
-        calibration.setdefault("options", ["eager", engine])
-        plan_kw["calibration"] = calibration
     candidates = outermost(model, check_fn)
     if not candidates:
         raise ValueError(
@@ -286,6 +282,7 @@ def _apply_budget(model, check_fn, auto_wrap_policy, *, budget, example_input, *
         run_example(model, example_input),
         budget=budget,
         state_of=lambda m: resolve_state(replay_state, m, "module"),
+        engine=engine,
         **plan_kw,
     )
     by_engine: dict[str, list[torch.nn.Module]] = {}

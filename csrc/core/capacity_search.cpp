@@ -7,6 +7,29 @@
 
 namespace torch_replay::schedule {
 
+namespace {
+
+// How the resident bytes change when u runs: its resident outputs appear, and
+// the inputs of which it is the last consumer still to run (`remaining`) are
+// freed.
+int64_t resident_change(
+    const Problem& problem, const std::vector<int>& remaining, int u) {
+  int64_t d = 0;
+  for (int b : problem.produced(u)) {
+    if (problem.is_resident_kind(b)) {
+      d += problem.size(b);
+    }
+  }
+  for (int b : problem.consumed(u)) {
+    if (remaining[b] == 1 && !problem.is_output(b)) {
+      d -= problem.size(b);
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
 CapacitySearch::CapacitySearch(const Problem& problem)
     : problem_(problem), oracle_(problem), n_(problem.num_units()) {
   // See Note [Capacity search dominance]: buffer b is forced live at w's step
@@ -45,18 +68,7 @@ CapacitySearch::CapacitySearch(const Problem& problem)
 }
 
 int64_t CapacitySearch::delta(int u) const {
-  int64_t d = 0;
-  for (int b : problem_.produced(u)) {
-    if (problem_.is_resident_kind(b)) {
-      d += problem_.size(b);
-    }
-  }
-  for (int b : problem_.consumed(u)) {
-    if (remaining_consumers_[b] == 1 && !problem_.is_output(b)) {
-      d -= problem_.size(b);
-    }
-  }
-  return d;
+  return resident_change(problem_, remaining_consumers_, u);
 }
 
 void CapacitySearch::apply(int u) {
@@ -286,17 +298,7 @@ std::vector<int> greedy_order(const Problem& problem, int rule) {
       if (done[u] || missing[u] != 0) {
         continue;
       }
-      int64_t d = 0;
-      for (int b : problem.produced(u)) {
-        if (problem.is_resident_kind(b)) {
-          d += problem.size(b);
-        }
-      }
-      for (int b : problem.consumed(u)) {
-        if (remaining[b] == 1 && !problem.is_output(b)) {
-          d -= problem.size(b);
-        }
-      }
+      const int64_t d = resident_change(problem, remaining, u);
       const int64_t cost = res + problem.out_bytes(u);
       std::tuple<int64_t, int64_t, int64_t, int> key;
       if (rule == 0) {
@@ -319,15 +321,9 @@ std::vector<int> greedy_order(const Problem& problem, int rule) {
         best = key;
       }
     }
-    for (int b : problem.produced(pick)) {
-      if (problem.is_resident_kind(b)) {
-        res += problem.size(b);
-      }
-    }
+    res += resident_change(problem, remaining, pick);
     for (int b : problem.consumed(pick)) {
-      if (--remaining[b] == 0 && !problem.is_output(b)) {
-        res -= problem.size(b);
-      }
+      --remaining[b];
     }
     for (int s : problem.succs(pick)) {
       --missing[s];

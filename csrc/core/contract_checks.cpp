@@ -10,6 +10,24 @@ namespace torch_replay::contract {
 
 using namespace detail;  // NOLINT(google-build-using-namespace)
 
+namespace {
+
+// Calls f(j) for each input coordinate j the trace gives a number (design.md
+// §2.1), and counts the coordinates of both kinds into the result r.
+template <typename Result, typename F>
+void each_supported(const Trace& tr, Result& r, F&& f) {
+  for (int j = 0; j < tr.num_inputs; ++j) {
+    if (tr.unsupported[j]) {
+      ++r.unsupported;
+      continue;
+    }
+    ++r.coordinates;
+    f(j);
+  }
+}
+
+}  // namespace
+
 NumericResult check_numeric(const Program& p) {
   NumericResult r;
   Trace tr = trace_program(p);
@@ -23,16 +41,11 @@ NumericResult check_numeric(const Program& p) {
   std::vector<double> jac = forward_jacobian(tr);
   std::vector<double> ctrl = reverse_gradient_final_storage(p, tr);
   double ctrl_vs_rev = 0.0;
-  for (int j = 0; j < tr.num_inputs; ++j) {
-    if (tr.unsupported[j]) {
-      ++r.unsupported;
-      continue;
-    }
-    ++r.coordinates;
+  each_supported(tr, r, [&](int j) {
     r.max_grad_mismatch = std::max(r.max_grad_mismatch, diff(rev[j], jac[j]));
     r.control_mismatch = std::max(r.control_mismatch, diff(ctrl[j], jac[j]));
     ctrl_vs_rev = std::max(ctrl_vs_rev, diff(ctrl[j], rev[j]));
-  }
+  });
   r.control_detected = ctrl_vs_rev > 1e-12;
   return r;
 }
@@ -382,14 +395,9 @@ ComplexStepResult check_complex_step(const Program& p) {
   Trace tr = trace_program(p);
   std::vector<double> cs = complex_step_gradient(tr, 1e-30);
   std::vector<double> rev = reverse_gradient(tr, recorded_values(tr));
-  for (int j = 0; j < tr.num_inputs; ++j) {
-    if (tr.unsupported[j]) {
-      ++r.unsupported;
-      continue;
-    }
-    ++r.coordinates;
+  each_supported(tr, r, [&](int j) {
     r.max_mismatch = std::max(r.max_mismatch, diff(cs[j], rev[j]));
-  }
+  });
   return r;
 }
 

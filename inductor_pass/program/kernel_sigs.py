@@ -93,23 +93,18 @@ def kernel_sigs(tree: ast.Module) -> dict[str, KernelSig]:
             and isinstance(node.value, ast.Call)
         ):
             continue
-        name = node.targets[0].id
         func = dotted_name(node.value.func)
+        if func not in ("async_compile.cpp_pybinding", "async_compile.triton"):
+            continue
         args = node.value.args
-        if func == "async_compile.cpp_pybinding" and len(args) >= 2:
-            try:
-                argtypes = ast.literal_eval(args[0])
-                src = ast.literal_eval(args[1])
-            except ValueError:
-                continue
-            sigs[name] = _cpp_sig(list(argtypes), str(src))
-        elif func == "async_compile.triton" and len(args) >= 2:
-            try:
-                kname = ast.literal_eval(args[0])
-                src = ast.literal_eval(args[1])
-            except ValueError:
-                continue
-            sig = _triton_sig(str(kname), str(src))
-            if sig is not None:
-                sigs[name] = sig
+        try:  # (argument types, source) for C++; (kernel name, source) for Triton
+            first, src = ast.literal_eval(args[0]), ast.literal_eval(args[1])
+        except (IndexError, ValueError):
+            continue
+        if func == "async_compile.cpp_pybinding":
+            sig = _cpp_sig(list(first), str(src))
+        else:
+            sig = _triton_sig(str(first), str(src))
+        if sig is not None:
+            sigs[node.targets[0].id] = sig
     return sigs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -184,6 +185,30 @@ _RECALIBRATE = (
     "out='costs.json'), `python -m torch_replay.calibrate --model pkg.module:factory "
     "--out costs.json`, or PlannedSequential(..., costs='auto')."
 )
+
+
+def read_costs(costs: Any, *, what: str, remedy: str) -> tuple[Mapping[str, Any], str]:
+    """A costs document, loaded from its JSON file unless it is one already.
+
+    Args:
+        costs: a loaded costs document (a mapping) or the path of its JSON file.
+        what: what the document holds, for messages (``"costs"``, ``"layer costs"``).
+        remedy: the sentence that ends the message of an unreadable file (how to
+            write a new one).
+
+    Returns:
+        The document and how messages name it (``"the costs"`` or the file).
+
+    Raises:
+        ValueError: the file cannot be read.
+    """
+    if isinstance(costs, Mapping):
+        return costs, f"the {what}"
+    source = f"{what} file {os.fspath(costs)!r}"
+    try:
+        return json.loads(Path(costs).read_text()), source
+    except OSError as e:
+        raise ValueError(f"cannot read {source}: {e}. {remedy}") from None
 
 
 def check_costs(doc: Mapping[str, Any], segments: Any, *, source: str = "the costs") -> None:

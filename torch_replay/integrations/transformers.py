@@ -310,10 +310,6 @@ def _enable_budget(model, budget, example_batch, plan_kw, engine, options, check
             "model's keyword arguments for one step, a dict such as {'input_ids': ids, "
             f"'labels': ids}}), got {type(example_batch).__name__}"
         )
-    if engine != "auto":
-        calibration = dict(plan_kw["calibration"] or {})
-        calibration.setdefault("options", ["eager", engine])
-        plan_kw["calibration"] = calibration
     with _not_checkpointed(found):
         chosen = plan_layers(
             model,
@@ -322,6 +318,7 @@ def _enable_budget(model, budget, example_batch, plan_kw, engine, options, check
             budget=budget,
             state_of=lambda m: resolve_state(replay_state, m, "layer"),
             drop_cache=True,
+            engine=engine,
             **plan_kw,
         )
     picked = [m for m, c in zip(found, chosen.choices, strict=True) if c != "eager"]

@@ -62,23 +62,22 @@ DeviceRanges upload(
     }
     total += r.size();
   }
+  auto* alloc = c10::cuda::CUDACachingAllocator::get();
+  // One slot more than the values: a valid pointer even for an empty set.
+  auto to_device = [&](const std::vector<int64_t>& host) {
+    c10::DataPtr ptr = alloc->allocate(sizeof(int64_t) * (host.size() + 1));
+    check(cudaMemcpyAsync(
+        ptr.get(),
+        host.data(),
+        sizeof(int64_t) * host.size(),
+        cudaMemcpyHostToDevice,
+        stream));
+    return ptr;
+  };
   DeviceRanges out;
   out.n = static_cast<int64_t>(offsets.size());
-  auto* alloc = c10::cuda::CUDACachingAllocator::get();
-  out.ranges = alloc->allocate(sizeof(int64_t) * (flat.size() + 1));
-  out.offsets = alloc->allocate(sizeof(int64_t) * (offsets.size() + 1));
-  check(cudaMemcpyAsync(
-      out.ranges.get(),
-      flat.data(),
-      sizeof(int64_t) * flat.size(),
-      cudaMemcpyHostToDevice,
-      stream));
-  check(cudaMemcpyAsync(
-      out.offsets.get(),
-      offsets.data(),
-      sizeof(int64_t) * offsets.size(),
-      cudaMemcpyHostToDevice,
-      stream));
+  out.ranges = to_device(flat);
+  out.offsets = to_device(offsets);
   // The host vectors die with this frame: finish the copies first.
   check(cudaStreamSynchronize(stream));
   return out;
