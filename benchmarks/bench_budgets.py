@@ -1,7 +1,8 @@
 """Budget regimes: joint planner vs its baselines, measured in fresh processes (CPU).
 
-    python -m benchmarks.bench_budgets [--rounds 20] [--steps 2] [--workloads queue,dense]
-                                       [--calibration costs.json] [--out budgets.md]
+    python -m benchmarks.bench_budgets [--rounds 30] [--steps 10] [--threads 1]
+                                       [--workloads queue,dense] [--calibration costs.json]
+                                       [--json raw.json] [--out budgets.md]
 
 For each workload (``queue``: sparse writes into a ring buffer with many live
 versions; ``dense``: every segment rewrites the whole buffer, write ratio 1):
@@ -12,16 +13,25 @@ versions; ``dense``: every segment rewrites the whole buffer, write ratio 1):
    appear: ``eager fits`` (budget = the all-eager peak), ``eager/whole
    infeasible`` (halfway between the joint and the eager/whole minimum
    budgets) and ``pressure`` (halfway between the eager/whole minimum and the
-   all-eager peak: eager/whole is feasible but needs snapshots);
+   all-eager peak: eager/whole is feasible but needs snapshots); per planner the
+   smallest budget whose plan is all-eager is found by bisection;
 3. per regime the policies are planned: ``joint``, ``fixed journal`` / ``fixed
    readset`` (every segment), ``eager/whole`` (exact costs, eager and snapshot
    only) and ``state-agnostic`` (preserved bytes left out; its true peak and
    overshoot are reported);
 4. every distinct policy runs in ``--rounds`` fresh processes, interleaved in a
    shuffled order per round; each process runs one warm-up step and
-   ``--steps`` timed training steps (median kept), measures the peak RSS over
-   the timed steps (VmHWM after a reset, minus RSS before), and in the first
-   round also the tracked peak of ``PlannedSequential.measure``.
+   ``--steps`` timed training steps (medians of wall and of process CPU time kept),
+   measures the peak RSS over the timed steps (VmHWM after a reset, minus RSS
+   before), and in the first round also the tracked peak of
+   ``PlannedSequential.measure``.
+
+Threads: every child uses ``--threads`` torch threads (default 1). With 2 threads on
+the shared 2-core machine a preempted OpenMP thread stalls its partner at every
+parallel region's barrier: the median step of a grid shape took 5-19x its one-thread
+time (``benchmarks/results/threads.md``); with one thread the process CPU time of a
+step is what the other work on the machine inflates least, so the ratios are given on
+CPU time, with wall time beside them.
 
 Time ratios are ratios of mean step times over rounds with a 95% paired
 bootstrap interval (rounds resampled, 4,000 resamples).
