@@ -258,7 +258,9 @@ def bench_model(model: str, args, tmp: str) -> dict:
     table = []
     for label, row in rows:
         ok = [x for x in runs[row] if "error" not in x]
-        entry = {"row": label, "key": row, "grads": runs[row][0]["grads"]}
+        entry = {"row": label, "key": row}
+        if args.keep_grads:
+            entry["grads"] = runs[row][0]["grads"]
         if not ok:
             entry["error"] = runs[row][0]["error"]
             table.append(entry)
@@ -337,7 +339,7 @@ def plot(results: list[dict], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_out_quick(p, quick="tiny models, one round, one timed step (a smoke run)")
+    add_out_quick(p, quick="the smoke run (about a minute: a small Llama, 3 budgets, 1 step)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--models", default=None, help="default llama,conformer (--quick: llama)")
