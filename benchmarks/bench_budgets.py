@@ -1,7 +1,8 @@
 """Budget regimes: joint planner vs its baselines, measured in fresh processes (CPU).
 
-    python -m benchmarks.bench_budgets [--rounds 20] [--steps 2] [--workloads queue,dense]
-                                       [--calibration costs.json] [--out budgets.md]
+    python -m benchmarks.bench_budgets [--rounds 30] [--steps 10] [--threads 1]
+                                       [--workloads queue,dense] [--calibration costs.json]
+                                       [--json raw.json] [--out budgets.md]
 
 For each workload (``queue``: sparse writes into a ring buffer with many live
 versions; ``dense``: every segment rewrites the whole buffer, write ratio 1):
@@ -12,16 +13,25 @@ versions; ``dense``: every segment rewrites the whole buffer, write ratio 1):
    appear: ``eager fits`` (budget = the all-eager peak), ``eager/whole
    infeasible`` (halfway between the joint and the eager/whole minimum
    budgets) and ``pressure`` (halfway between the eager/whole minimum and the
-   all-eager peak: eager/whole is feasible but needs snapshots);
+   all-eager peak: eager/whole is feasible but needs snapshots); per planner the
+   smallest budget whose plan is all-eager is found by bisection;
 3. per regime the policies are planned: ``joint``, ``fixed journal`` / ``fixed
    readset`` (every segment), ``eager/whole`` (exact costs, eager and snapshot
    only) and ``state-agnostic`` (preserved bytes left out; its true peak and
    overshoot are reported);
 4. every distinct policy runs in ``--rounds`` fresh processes, interleaved in a
    shuffled order per round; each process runs one warm-up step and
-   ``--steps`` timed training steps (median kept), measures the peak RSS over
-   the timed steps (VmHWM after a reset, minus RSS before), and in the first
-   round also the tracked peak of ``PlannedSequential.measure``.
+   ``--steps`` timed training steps (medians of wall and of process CPU time kept),
+   measures the peak RSS over the timed steps (VmHWM after a reset, minus RSS
+   before), and in the first round also the tracked peak of
+   ``PlannedSequential.measure``.
+
+Threads: every child uses ``--threads`` torch threads (default 1). With 2 threads on
+the shared 2-core machine a preempted OpenMP thread stalls its partner at every
+parallel region's barrier: the median step of a grid shape took 5-19x its one-thread
+time (``benchmarks/results/threads.md``); with one thread the process CPU time of a
+step is what the other work on the machine inflates least, so the ratios are given on
+CPU time, with wall time beside them.
 
 Time ratios are ratios of mean step times over rounds with a 95% paired
 bootstrap interval (rounds resampled, 4,000 resamples).
@@ -33,6 +43,7 @@ import argparse
 import json
 import os
 import random
+import resource
 import statistics
 import sys
 import time
@@ -50,6 +61,7 @@ WORKLOADS = {
     "queue": ("torch_replay.calibrate:queue_workload", {}),
     "dense": ("torch_replay.calibrate:dense_workload", {}),
 }
+OBJECTIVES = {"joint": "joint", "eager/whole": "eager_whole", "state-agnostic": "state_agnostic"}
 ABBREV = {"eager": "E", "snapshot": "S", "journal": "J", "readset": "R", "guard": "G"}
 
 
@@ -61,31 +73,39 @@ def build(workload: str):
 # --------------------------------------------------------------------- children
 
 
-def child_calibrate(workload: str, reps: int) -> dict:
-    torch.set_num_threads(2)
+def child_calibrate(workload: str, reps: int, threads: int) -> dict:
+    torch.set_num_threads(threads)
     w = build(workload)
     return cal.measure_segments(w, ["eager", "snapshot", "journal", "readset"], reps=reps)
 
 
-def child_run(workload: str, choices: list[str], steps: int, track: bool) -> dict:
-    torch.set_num_threads(2)
+def child_run(workload: str, choices: list[str], steps: int, track: bool, threads: int) -> dict:
+    torch.set_num_threads(threads)
     w = build(workload)
     model = PlannedSequential(w.segments, state=w.state, choices=choices)
     static = model.default_persistent()
     model.profile_step(w.make_input(), track_memory=False)  # warm-up
     physical = cal.PhysicalPeak("cpu")
     physical.start()
-    times = []
+    times, cpu = [], []
+    switches = resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
     for _ in range(steps):
         for p in model.parameters():
             p.grad = None
         x = w.make_input()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         out = model(x)
         out.float().pow(2).mean().backward()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     rss = physical.peak()
-    res = {"step_s": statistics.median(times), "rss_peak_delta": rss, "persistent": static}
+    res = {
+        "step_s": statistics.median(times),
+        "cpu_s": statistics.median(cpu),
+        "preempted": resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - switches,
+        "rss_peak_delta": rss,
+        "persistent": static,
+    }
     if track:
         res["tracked_peak"] = model.measure(w.make_input()).measured_peak
     return res
@@ -123,6 +143,28 @@ def min_budget(opts, persistent, objective) -> int:
         return e.min_budget
 
 
+def all_eager_from(opts, persistent: int, objective: str, *, lo: int, hi: int) -> int | None:
+    """The smallest budget in [lo, hi] whose ``objective`` plan is all-eager (bisection:
+    a budget that fits the all-eager plan keeps it once it is the fastest), or None."""
+
+    def eager(budget: int) -> bool:
+        try:
+            p = tr.plan(opts, budget=budget, persistent=persistent, objective=objective)
+        except tr.InfeasibleBudgetError:
+            return False
+        return all(c == "eager" for c in p.choices)
+
+    if not eager(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if eager(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
+
+
 def policies(opts: list[list[Option]], persistent: int) -> tuple[dict, list[dict]]:
     n = len(opts)
     eager_peak = fixed_peak(opts, ["eager"] * n, persistent)
@@ -133,15 +175,19 @@ def policies(opts: list[list[Option]], persistent: int) -> tuple[dict, list[dict
         budgets["eager/whole infeasible"] = (joint_min + ew_min) // 2
     if ew_min < eager_peak:
         budgets["pressure"] = (ew_min + eager_peak) // 2
-    info = {"eager_peak": eager_peak, "joint_min": joint_min, "eager_whole_min": ew_min}
+    info = {
+        "eager_peak": eager_peak,
+        "joint_min": joint_min,
+        "eager_whole_min": ew_min,
+        "all_eager_from": {
+            obj: all_eager_from(opts, persistent, obj, lo=min(joint_min, ew_min), hi=eager_peak)
+            for obj in OBJECTIVES.values()
+        },
+    }
     regimes = []
     for regime, m in budgets.items():
         rows = []
-        for label, objective in (
-            ("joint", "joint"),
-            ("eager/whole", "eager_whole"),
-            ("state-agnostic", "state_agnostic"),
-        ):
+        for label, objective in OBJECTIVES.items():
             try:
                 p = tr.plan(opts, budget=m, persistent=persistent, objective=objective)
                 rows.append(
@@ -209,9 +255,9 @@ def short(choices) -> str:
     return "".join(ABBREV[c] for c in choices) if choices else "-"
 
 
-def bench_workload(workload: str, rounds: int, steps: int, reps: int) -> dict:
+def bench_workload(workload: str, rounds: int, steps: int, reps: int, threads: int) -> dict:
     print(f"[{workload}] calibrating", file=sys.stderr, flush=True)
-    cost = run_child(["_calibrate", workload, str(reps)])
+    cost = run_child(["_calibrate", workload, str(reps), str(threads)])
     opts = options_of(cost)
     persistent = cost["persistent"]
     info, regimes = policies(opts, persistent)
@@ -229,7 +275,7 @@ def bench_workload(workload: str, rounds: int, steps: int, reps: int) -> dict:
         rng.shuffle(order)
         for k in order:
             args = ["_run", workload, ",".join(distinct[k]), str(steps), str(int(rnd == 0))]
-            samples[k].append(run_child(args))
+            samples[k].append(run_child(args + [str(threads)]))
         print(
             f"\r[{workload}] round {rnd + 1}/{rounds} ({len(keys)} policies) "
             f"{time.perf_counter() - start:6.0f}s",
@@ -249,17 +295,29 @@ def bench_workload(workload: str, rounds: int, steps: int, reps: int) -> dict:
     }
 
 
+def _ratio(s: dict, jk: str | None, k: str, key: str) -> str:
+    if not jk or k == jk:
+        return "1 (same plan)" if k == jk else "-"
+    q, lo, hi = ratio_ci([x[key] for x in s[jk]], [x[key] for x in s[k]])
+    return f"{q:.3f} [{lo:.3f}, {hi:.3f}]"
+
+
 def table(res: dict) -> list[str]:
     s = res["samples"]
-    mean_t = {k: statistics.fmean(x["step_s"] for x in v) for k, v in s.items()}
+    info = res["info"]
     rss = {k: statistics.median(x["rss_peak_delta"] for x in v) for k, v in s.items()}
     tracked = {k: v[0].get("tracked_peak") for k, v in s.items()}
+    eager_from = ", ".join(
+        f"{label} {mib(info['all_eager_from'][obj]) if info['all_eager_from'][obj] else 'never'}"
+        for label, obj in OBJECTIVES.items()
+    )
     lines = [
         f"### Workload `{res['workload']}`: {res['description']}",
         "",
         f"persistent P = {mib(res['persistent'])} MiB; all-eager peak "
-        f"{mib(res['info']['eager_peak'])} MiB; smallest feasible budget: joint "
-        f"{mib(res['info']['joint_min'])} MiB, eager/whole {mib(res['info']['eager_whole_min'])} MiB.",
+        f"{mib(info['eager_peak'])} MiB; smallest feasible budget: joint "
+        f"{mib(info['joint_min'])} MiB, eager/whole {mib(info['eager_whole_min'])} MiB; "
+        f"smallest budget whose plan is all-eager (MiB): {eager_from}.",
         "",
         "Per-segment calibrated costs (retained / transient MiB, time ms):",
         "",
@@ -275,8 +333,9 @@ def table(res: dict) -> list[str]:
     lines += [
         "",
         "| regime | budget MiB | policy | feasible | plan | predicted peak MiB "
-        "| tracked peak MiB | RSS peak MiB | overshoot MiB | mean step s | joint time / this [95% CI] |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| tracked peak MiB | RSS peak MiB | overshoot MiB | CPU s / step | wall s / step "
+        "| joint / this, CPU [95% CI] | joint / this, wall [95% CI] |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in res["regimes"]:
         joint = next(x for x in r["rows"] if x["policy"] == "joint")
@@ -285,55 +344,60 @@ def table(res: dict) -> list[str]:
             if row["choices"] is None:
                 lines.append(
                     f"| {r['regime']} | {mib(r['budget'])} | {row['policy']} | **no** "
-                    f"(min budget {mib(row['min_budget'])}) | - | - | - | - | - | - | - |"
+                    f"(min budget {mib(row['min_budget'])}) |" + " - |" * 9
                 )
                 continue
             k = short(row["choices"])
-            ts = [x["step_s"] for x in s[k]]
-            if jk and k != jk:
-                q, lo, hi = ratio_ci([x["step_s"] for x in s[jk]], ts)
-                ratio = f"{q:.3f} [{lo:.3f}, {hi:.3f}]"
-            else:
-                ratio = "1 (same plan)" if k == jk else "-"
             static = s[k][0]["persistent"]
             lines.append(
                 f"| {r['regime']} | {mib(r['budget'])} | {row['policy']} "
                 f"| {'yes' if row['feasible'] else '**no**'} | `{k}` | {mib(row['predicted_peak'])} "
                 f"| {mib(tracked[k]) if tracked[k] else '-'} | {mib(static + rss[k])} "
-                f"| {mib(row['overshoot'])} | {statistics.fmean(ts):.4f} | {ratio} |"
+                f"| {mib(row['overshoot'])} | {statistics.fmean(x['cpu_s'] for x in s[k]):.4f} "
+                f"| {statistics.fmean(x['step_s'] for x in s[k]):.4f} "
+                f"| {_ratio(s, jk, k, 'cpu_s')} | {_ratio(s, jk, k, 'step_s')} |"
             )
-    lines.append("")
-    lines.append(
-        f"{len(next(iter(s.values())))} fresh processes per distinct plan; plan letters: "
-        "E eager, S snapshot, J journal, R readset."
-    )
-    _ = mean_t
+    n = len(next(iter(s.values())))
+    preempted = statistics.median(x["preempted"] for v in s.values() for x in v)
+    lines += [
+        "",
+        f"{n} fresh processes per distinct plan; plan letters: E eager, S snapshot, J journal, "
+        f"R readset. Median involuntary context switches per process over its timed steps: "
+        f"{preempted:g}.",
+    ]
     return lines
 
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_calibrate":
-        print(json.dumps(child_calibrate(sys.argv[2], int(sys.argv[3]))))
+        wl, reps, threads = sys.argv[2:5]
+        print(json.dumps(child_calibrate(wl, int(reps), int(threads))))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "_run":
-        wl, choices, steps, track = sys.argv[2:6]
-        print(json.dumps(child_run(wl, choices.split(","), int(steps), track == "1")))
+        wl, choices, steps, track, threads = sys.argv[2:7]
+        res = child_run(wl, choices.split(","), int(steps), track == "1", int(threads))
+        print(json.dumps(res))
         return 0
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "--rounds", default="20", help="fresh processes per plan; one, or one per workload"
+        "--rounds", default="30", help="fresh processes per plan; one, or one per workload"
     )
-    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5, help="timed steps per process (median kept)")
     p.add_argument("--reps", type=int, default=5, help="calibration steps per option")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads per child (see the docstring)"
+    )
     p.add_argument("--workloads", default="queue,dense")
     p.add_argument("--calibration", help="a costs JSON of the shape grid to summarise")
     p.add_argument("--json", help="write the raw results here")
     p.add_argument("--out")
     p.add_argument("--from-json", help="rebuild the tables from a --json file (no runs)")
     p.add_argument("--command", help="the command line to print (with --from-json)")
+    p.add_argument("--load", help="the load average to state (with --from-json)")
     a = p.parse_args()
+    load = os.getloadavg()
     if a.from_json:
         with open(a.from_json) as f:
             results = json.load(f)
@@ -342,14 +406,20 @@ def main() -> int:
         rounds = [int(r) for r in a.rounds.split(",")]
         rounds += [rounds[-1]] * (len(names) - len(rounds))
         results = [
-            bench_workload(w, r, a.steps, a.reps) for w, r in zip(names, rounds, strict=False)
+            bench_workload(w, r, a.steps, a.reps, a.threads)
+            for w, r in zip(names, rounds, strict=False)
         ]
+    after = os.getloadavg()
     command = a.command or f"python -m benchmarks.bench_budgets {' '.join(sys.argv[1:])}"
+    load_text = a.load or (
+        f"1-minute load average {load[0]:.1f} before, {after[0]:.1f} after "
+        f"(15-minute {after[2]:.1f})"
+    )
     lines = [
         f"Command: `{command}`",
         "",
-        f"torch {torch.__version__}, {os.cpu_count()} CPUs (shared), 2 threads; "
-        "see the script's docstring for the method.",
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs (shared), {a.threads} torch "
+        f"thread(s) per child; {load_text}; see the script's docstring for the method.",
         "",
     ]
     if a.calibration:

@@ -3,6 +3,7 @@ torch.compile's ``activation_memory_budget`` (CPU, fresh processes).
 
     python -m benchmarks.bench_layer_budget [--rounds 2] [--steps 3] [--quick]
                                             [--models llama,conformer] [--out FILE.md]
+                                            [--keep-grads DIR]
 
 Models (transformers, built from configs, no downloads; dropout on):
 
@@ -29,7 +30,13 @@ first, so it counts activations, gradients and temporaries. For our rows also th
 prediction of the same quantity (``plan.peak`` minus parameters, buffers and optimizer
 state) and ``measure_step``'s tracked peak of one real step (engine bytes included).
 Times and peaks: medians over rounds. Nothing is written without ``--out``; ``--out
-X.md`` also writes ``X.json`` and ``X.png``.
+X.md`` also writes ``X.json`` and ``X.png``; ``--keep-grads DIR`` keeps each row's
+first-step gradients and buffers in DIR (``torch.save``; the row's ``grads`` in the JSON).
+
+``--quick`` is the smoke run (about a minute): the Llama only (4 layers, hidden 64,
+sequence 32), one round of one timed step, the rows no checkpointing, transformers every
+layer and our plan at 3 budgets (smallest feasible, halfway, all kept), no compiled rows
+unless ``--compile-rounds`` asks for them (``--models`` adds the conformer).
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import time
 from benchmarks.cli import add_out_quick, child_env, emit, run_module
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+QUICK_FRACTIONS = (0.0, 0.5, 1.0)
 COMPILE_BUDGETS = (1.0, 0.7, 0.5, 0.3)
 
 
@@ -58,7 +66,7 @@ def build(name: str, quick: bool):
 
     torch.manual_seed(0)
     if name == "llama":
-        layers, hidden, seq = (4, 64, 64) if quick else (8, 256, 256)
+        layers, hidden, seq = (4, 64, 32) if quick else (8, 256, 256)
         cfg = T.LlamaConfig(
             vocab_size=1024, hidden_size=hidden, intermediate_size=int(2.75 * hidden),
             num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=layers,
@@ -190,10 +198,10 @@ def child(args) -> None:
 # ------------------------------------------------------------------ the parent
 
 
-def _rows(lo: int, hi: int, compiled: bool) -> list[tuple[str, str]]:
+def _rows(lo: int, hi: int, compiled: bool, quick: bool) -> list[tuple[str, str]]:
     rows = [("no checkpointing", "none")]
-    rows += [(f"HF every_n_layers={k}", f"hf:{k}") for k in (1, 2, 3, 4)]
-    budgets = [int(lo + f * (hi - lo)) for f in FRACTIONS]
+    rows += [(f"HF every_n_layers={k}", f"hf:{k}") for k in ((1,) if quick else (1, 2, 3, 4))]
+    budgets = [int(lo + f * (hi - lo)) for f in (QUICK_FRACTIONS if quick else FRACTIONS)]
     rows += [(f"ours, budget {b / 2**20:.1f} MiB", f"ours:{b}") for b in budgets]
     if not compiled:
         return rows
@@ -233,14 +241,14 @@ def bench_model(model: str, args, tmp: str) -> dict:
     cal = _run_child(model, "calibrate", costs, "", args)
     if "error" in cal:
         raise RuntimeError(f"calibration of {model} failed: {cal['error']}")
-    rows = _rows(cal["min"], cal["max"], args.compile_rounds > 0)
+    rows = _rows(cal["min"], cal["max"], args.compile_rounds > 0, args.quick)
     runs: dict[str, list[dict]] = {row: [] for _, row in rows}
     for r in range(args.rounds):
         order = rows[r % len(rows) :] + rows[: r % len(rows)]
         for _, row in order:
             if "compile" in row and r >= args.compile_rounds:
                 continue
-            grads = os.path.join(tmp, f"{model}_{row.replace(':', '_')}_{r}.pt")
+            grads = os.path.join(args.keep_grads or tmp, f"{model}_{row.replace(':', '_')}_{r}.pt")
             runs[row].append(_run_child(model, row, costs, grads, args) | {"grads": grads})
             print(f"  {model} round {r} {row}: {runs[row][-1]}", file=sys.stderr)
     load = lambda row: torch.load(runs[row][0]["grads"])  # noqa: E731
@@ -251,6 +259,8 @@ def bench_model(model: str, args, tmp: str) -> dict:
     for label, row in rows:
         ok = [x for x in runs[row] if "error" not in x]
         entry = {"row": label, "key": row}
+        if args.keep_grads:
+            entry["grads"] = runs[row][0]["grads"]
         if not ok:
             entry["error"] = runs[row][0]["error"]
             table.append(entry)
@@ -329,13 +339,17 @@ def plot(results: list[dict], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_out_quick(p, quick="tiny models, one round, one timed step (a smoke run)")
+    add_out_quick(p, quick="the smoke run (about a minute: a small Llama, 3 budgets, 1 step)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--models", default="llama,conformer")
+    p.add_argument("--models", default=None, help="default llama,conformer (--quick: llama)")
     p.add_argument(
-        "--compile-rounds", type=int, default=1, help="rounds of the compiled rows (0: none)"
+        "--compile-rounds",
+        type=int,
+        default=None,
+        help="rounds of the compiled rows (0: none; default 1, --quick: 0)",
     )
+    p.add_argument("--keep-grads", default=None, help="keep the rows' gradient files here")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     for name in ("--model", "--row", "--costs", "--grads"):
         p.add_argument(name, default="", help=argparse.SUPPRESS)
@@ -345,6 +359,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.quick:
         args.rounds, args.steps = 1, 1
+    if args.models is None:
+        args.models = "llama" if args.quick else "llama,conformer"
+    if args.compile_rounds is None:
+        args.compile_rounds = 0 if args.quick else 1
     command = "python -m benchmarks.bench_layer_budget " + " ".join(argv or sys.argv[1:])
     with tempfile.TemporaryDirectory() as tmp:
         results = [bench_model(m, args, tmp) for m in args.models.split(",")]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+import torch
+
 from torch_replay import calibrate as cal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -62,7 +64,13 @@ def test_reduced_cpu_run_writes_costs(tmp_path):
         for name in ("eager", "snapshot", "journal"):
             assert g["options"][name]["valid"], g["options"][name]
             assert "kernel_s" not in g["options"][name]  # CPU: no device time
-    assert "kernel s" not in summary.read_text()
+            o = g["options"][name]  # process CPU time of a step: at most threads x wall
+            assert 0 < o["step_cpu_s"] <= o["step_s"] * torch.get_num_threads() + 1e-3, o
+    text = summary.read_text()
+    assert "kernel s" not in text
+    header = text.splitlines()[0]
+    assert "| step CPU s |" in header and "| CPU time / snapshot |" in header
+    assert all(line.count("|") == header.count("|") for line in text.splitlines() if line)
 
 
 def test_summary_shows_cupti_kernel_time_when_present():

@@ -5,11 +5,14 @@ References: the measured peak of a real training step (forward, backward, AdamW 
 ``measure_step``), a brute force over every keep/checkpoint choice for the smallest
 feasible budget, eager PyTorch for gradients and BatchNorm statistics (torch's own
 checkpoint updates them twice), and the model's state before the call for refusals.
+``benchmarks/bench_layer_budget.py --quick`` runs here too, its rows checked against eager
+gradients computed in the test.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -276,3 +279,35 @@ def test_hf_budget_gradients_equal_transformers_checkpointing(one_thread):
         grads.append([p.grad for p in m.parameters()])
     assert all(c != "eager" for c in plan.choices)
     assert_bitwise(grads[0], grads[1])
+
+
+def test_quick_layer_budget_benchmark_rows_against_eager_computed_here(tmp_path, one_thread):
+    """``bench_layer_budget --quick`` (fresh processes): each row's "grads = eager" flag
+    agrees with eager gradients computed here (same model, seed 5, dropout on), every
+    plan's gradients are eager's bitwise, and each plan's tracked step peak stays within
+    the stated model error of its prediction."""
+    pytest.importorskip("transformers", reason="transformers is a test dependency")
+    from benchmarks import bench_layer_budget as bench
+
+    out = tmp_path / "quick.md"
+    assert bench.main(["--quick", "--keep-grads", str(tmp_path), "--out", str(out)]) == 0
+    (res,) = json.loads((tmp_path / "quick.json").read_text())
+    model, batch, _ = bench.build("llama", quick=True)
+    torch.manual_seed(5)
+    model(**batch).loss.backward()
+    eager = [p.grad for p in model.parameters()]
+    rows = res["rows"]
+    assert [e["key"].split(":")[0] for e in rows] == ["none", "hf", "ours", "ours", "ours"]
+    assert all("error" not in e for e in rows), rows
+    for e in rows:
+        got = torch.load(e["grads"])["grads"]
+        same = all(
+            a is b if a is None or b is None else torch.equal(a, b)
+            for a, b in zip(eager, got, strict=True)
+        )
+        assert e["bitwise"] == same, e["row"]
+        if e["key"].startswith("ours"):
+            assert same, e["row"]
+            assert e["tracked"] <= e["predicted"] * (1 + MODEL_ERROR), e
+    assert "E" not in rows[2]["choices"]  # the smallest feasible budget: every layer checkpointed
+    assert out.read_text().count("| ours, budget") == 3

@@ -38,7 +38,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 from .checkpoint import checkpoint
 
 if TYPE_CHECKING:
-    from .planner import Plan
+    from .layer_budget import LayerPlan
 
 __all__ = [
     "ReplayCheckpointWrapper",
@@ -161,7 +161,7 @@ def apply_activation_checkpointing(
     costs: Any = None,
     calibration: Mapping[str, Any] | None = None,
     **wrapper_kwargs: Any,
-) -> Plan | None:
+) -> LayerPlan | None:
     """Wrap the submodules of ``model`` that ``check_fn`` (or ``auto_wrap_policy``)
     selects with :func:`checkpoint_wrapper`, in place; with ``budget=``, only those the
     exact planner chooses.
@@ -203,8 +203,13 @@ def apply_activation_checkpointing(
 
     Raises:
         TypeError, ValueError: as :func:`checkpoint_wrapper`, before ``model`` changes.
-        InfeasibleBudgetError: no plan fits ``budget`` (``min_budget`` says what
-            does); the model is not changed.
+        TypeError: ``example_input``, ``loss_fn``, ``step_memory``, ``costs`` or
+            ``calibration`` without ``budget=``; ``budget=`` without ``example_input=``
+            or with ``auto_wrap_policy=`` (nothing is changed).
+        ValueError: with ``budget=``, ``check_fn`` selects no submodule (nothing is
+            changed).
+        InfeasibleBudgetError: no plan fits ``budget`` (its ``min_budget`` is the
+            smallest feasible budget); the model is not changed.
         CostsMismatchError: ``costs`` were calibrated on another model.
     """
     _refuse_own_keywords(wrapper_kwargs, "apply_activation_checkpointing")

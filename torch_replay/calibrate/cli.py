@@ -33,12 +33,22 @@ def summary(doc: Mapping[str, Any]) -> str:
     grid = doc.get("grid") or []
     # CUDA runs also carry the step's device time from CUPTI (torch_replay.kernel_timing).
     kernel = any(o and "kernel_s" in o for g in grid for o in g["options"].values())
+    # CPU runs also carry the step's process CPU time, which a shared machine's other
+    # work does not inflate (with one thread); time / snapshot then compares CPU times.
+    cpu = bool(grid) and all(
+        "step_cpu_s" in o for g in grid for o in g["options"].values() if o and "step_s" in o
+    )
+    time_key = "step_cpu_s" if cpu else "step_s"
     lines = [
         "| buffer MiB | write ratio | live versions | option | step s "
+        + ("| step CPU s " if cpu else "")
         + ("| kernel s (source) " if kernel else "")
         + "| tracked peak MiB | physical peak delta MiB | model peak MiB | peak / snapshot "
-        "| time / snapshot |",
-        "|---|---|---|---|---|" + ("---|" if kernel else "") + "---|---|---|---|---|",
+        + ("| CPU time / snapshot |" if cpu else "| time / snapshot |"),
+        "|---|---|---|---|---|"
+        + ("---|" if cpu else "")
+        + ("---|" if kernel else "")
+        + "---|---|---|---|---|",
     ]
     for g in grid:
         snap = g["options"].get("snapshot") or {}
@@ -47,10 +57,11 @@ def summary(doc: Mapping[str, Any]) -> str:
             if not o or not o.get("valid") or "step_s" not in o:
                 continue
             pr = f"{o['tracked_peak'] / snap['tracked_peak']:.4f}" if snap.get("valid") else "-"
-            tr_ = f"{o['step_s'] / snap['step_s']:.3f}" if snap.get("valid") else "-"
+            tr_ = f"{o[time_key] / snap[time_key]:.3f}" if snap.get("valid") else "-"
             lines.append(
                 f"| {g['buffer_bytes'] / _MIB:g} | {g['write_ratio']:g} | {g['live_versions']} "
                 f"| {name} | {o['step_s']:.4f} "
+                + (f"| {o['step_cpu_s']:.4f} " if cpu else "")
                 + (
                     f"| {o['kernel_s']:.4f} ({o['kernel_source']}) "
                     if "kernel_s" in o

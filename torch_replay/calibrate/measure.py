@@ -192,6 +192,7 @@ def _measure_choices(
     physical = PhysicalPeak(device)
     times: list[list[float]] = [[] for _ in choices]
     steps: list[float] = []
+    cpu: list[float] = []  # process CPU time: robust to a shared machine with one thread
     try:
         for _ in range(warmup):
             model.profile_step(workload.make_input(), workload.loss_fn, track_memory=False)
@@ -201,10 +202,11 @@ def _measure_choices(
                 p.grad = None
             x = workload.make_input()
             _sync(device)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             profs, _ = model.profile_step(x, workload.loss_fn, track_memory=False)
             _sync(device)
             steps.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
             for i, p in enumerate(profs):
                 times[i].append(p.forward_s + p.backward_s)
         phys = physical.peak()
@@ -245,6 +247,7 @@ def _measure_choices(
         "persistent": persistent,
         "valid": True,
         "step_s": float(statistics.median(steps)),
+        **({"step_cpu_s": float(statistics.median(cpu))} if device == "cpu" else {}),
         **({"kernel_s": kernel.seconds, "kernel_source": kernel.source} if kernel else {}),
         "physical_peak_delta": int(phys),
         "tracked_peak": int(report.measured_peak),

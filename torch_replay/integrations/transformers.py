@@ -37,7 +37,7 @@ from ..errors import UnsupportedReplayError
 from ..wrapper import resolve_state
 
 if TYPE_CHECKING:
-    from ..planner import Plan
+    from ..layer_budget import LayerPlan
 
 __all__ = ["checkpoint_layers", "disable", "enable", "layers"]
 
@@ -196,7 +196,7 @@ def enable(
     costs: Any = None,
     calibration: Mapping[str, Any] | None = None,
     **checkpoint_kwargs: Any,
-) -> Plan | None:
+) -> LayerPlan | None:
     """Turn on activation checkpointing of ``model``'s layers with ``tr.checkpoint``.
 
     The torch_replay twin of ``model.activation_checkpointing_enable(...)`` (Note [HF
@@ -245,9 +245,12 @@ def enable(
         UnsupportedReplayError: the installed transformers' layers do not call the
             function transformers installs (a version this does not know).
         TypeError: ``state=`` / ``engine=`` (spelled ``replay_state=`` /
-            ``replay_engine=`` here) or ``gradient_checkpointing_func=``.
-        InfeasibleBudgetError: no plan fits ``budget`` (``min_budget`` says what
-            does); the model is not changed.
+            ``replay_engine=`` here) or ``gradient_checkpointing_func=``; ``example_batch``,
+            ``loss_fn``, ``step_memory``, ``costs`` or ``calibration`` without ``budget=``;
+            ``budget=`` without a dict ``example_batch=`` or with ``every_n_layers=``
+            (nothing is changed).
+        InfeasibleBudgetError: no plan fits ``budget`` (its ``min_budget`` is the
+            smallest feasible budget); the model is not changed.
         CostsMismatchError: ``costs`` were calibrated on another model.
     """
     options = dict(use_reentrant=use_reentrant, replay_state=replay_state, offload=offload)
