@@ -37,6 +37,11 @@ OpInfo make_info(const at::RecordFunction& fn) {
       name == "aten::resize_as_" || name == "aten::detach_";
   bool view = false;
   for (const auto& arg : schema->arguments()) {
+    const c10::TypePtr& type = arg.type();
+    info.takes_generator |=
+        type->kind() == c10::TypeKind::GeneratorType ||
+        (type->kind() == c10::TypeKind::OptionalType &&
+         type->containedType(0)->kind() == c10::TypeKind::GeneratorType);
     const c10::AliasInfo* alias = arg.alias_info();
     const bool write = alias != nullptr && alias->isWrite();
     view |= alias != nullptr && !alias->isWrite();
@@ -215,8 +220,15 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   s.frames.back() = &info;
-  CallbackGuard guard(s);
   const int depth = s.depth++;
+  if (depth > 0 && !info.may_write && !info.random && !info.takes_generator &&
+      !info.reshapes) {
+    // Inside another operator's implementation, an operator that declares no
+    // write, draws nothing and cannot be given a generator has nothing to
+    // show (see keep_nested_writes): its arguments are not read.
+    return nullptr;
+  }
+  CallbackGuard guard(s);
   std::vector<at::Tensor>& tensors = s.tensors;
   std::vector<bool>& writes = s.writes;
   std::optional<at::Generator> generator;
@@ -411,10 +423,13 @@ void collect_arguments(
         *generator = v.toGenerator();
       }
     } else if (write || !writes_only) {
+      const size_t before = tensors->size();
       flatten_tensors(v, write, tensors, writes);
       if (returned != nullptr) {  // (kept one per tensor, as `writes`)
-        returned->resize(
-            tensors->size(), i < info.returned.size() && info.returned[i]);
+        const bool r = i < info.returned.size() && info.returned[i];
+        for (size_t k = before; k < tensors->size(); ++k) {
+          returned->push_back(r);
+        }
       }
     }
   }

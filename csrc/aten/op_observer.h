@@ -99,6 +99,8 @@ struct OpInfo {
   // Some argument may be written (a declared write, or batch norm's running
   // statistics): the write watch looks at no other operator's arguments.
   bool may_write = false;
+  // Some argument is a Generator (an explicit generator may be passed).
+  bool takes_generator = false;
   // Per schema argument: the operator returns it (its alias set is a
   // result's: in-place and out= variants). A write it does not return is a
   // side effect no gradient flows through (running statistics, observer

@@ -385,11 +385,11 @@ class Transaction {
   ska::flat_hash_map<StorageKey, Whole> whole_;
   std::vector<c10::Device> devices_seen_;
   std::vector<Watched> saved_;
-  std::unordered_map<c10::TensorImpl*, Watched> reads_;  // by live tensor
+  ska::flat_hash_map<c10::TensorImpl*, Watched> reads_;  // by live tensor
   std::vector<Watched> reads_of_freed_;  // reads by tensors freed since
   // Tensors made (in the forward) from values that require grad, which
   // grad mode cannot show when the forward runs under no_grad (reentrant).
-  std::unordered_map<
+  ska::flat_hash_map<
       c10::TensorImpl*,
       c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>>
       grad_tainted_;
