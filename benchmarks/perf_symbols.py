@@ -5,10 +5,15 @@ process per variant under ``perf record``, samples grouped by what they are.
     python -m benchmarks.perf_symbols                     # torch, auto, preserve; 20 steps
     python -m benchmarks.perf_symbols --variants torch guard --steps 40
     python -m benchmarks.perf_symbols --out benchmarks/results/perf_symbols.md
+    python -m benchmarks.perf_symbols --tool callgrind --steps 2   # instruction counts
 
 Samples are normalised by each run's samples in MKL's sgemm kernels (the same matrix work
 in every variant), so a group's figure reads "samples per unit of model work": the
 difference to torch's row is what the variant adds, whatever the load on the machine.
+
+``--tool callgrind`` counts instructions instead (valgrind's callgrind, instrumentation on
+for the measured steps only): exact and the same on a loaded machine as on a quiet one,
+though an instruction of a cache-missing map lookup costs more time than one of sgemm.
 
 Python's cyclic collector runs a full (generation 2) collection every so many surviving
 allocations, wherever in the program they land: one that falls inside the sampled steps of
@@ -54,7 +59,34 @@ GROUPS = (  # (group, regular expression on "dso symbol"), first match wins
 )
 
 
-def _step(variant: str, steps: int, data: str) -> None:
+def _start(tool: str, data: str):
+    """Starts recording this process: perf attached to it, or callgrind's instrumentation
+    (the process runs under valgrind)."""
+    if tool == "callgrind":
+        subprocess.run(
+            ["callgrind_control", "-i", "on", str(os.getpid())], check=True, capture_output=True
+        )
+        return None
+    perf = subprocess.Popen(
+        ["perf", "record", "-q", "-F", "999", "-p", str(os.getpid()), "-o", data],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(1.0)  # (perf attaches)
+    return perf
+
+
+def _stop(tool: str, perf) -> None:
+    if tool == "callgrind":
+        subprocess.run(
+            ["callgrind_control", "-i", "off", str(os.getpid())], check=True, capture_output=True
+        )
+        return
+    perf.send_signal(signal.SIGINT)
+    perf.wait()
+
+
+def _step(variant: str, steps: int, data: str, tool: str = "perf") -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     blocks = nn.ModuleList(PreNormBlock(256, 4, dropout=0.1) for _ in range(6))
@@ -69,53 +101,68 @@ def _step(variant: str, steps: int, data: str) -> None:
             return tr.checkpoint(blk, h, use_reentrant=False)
         return tr.checkpoint(blk, h, use_reentrant=False, state=[blk], engine=variant)
 
-    perf = None
+    recording = False
     full = []  # generation-2 collections inside the sampled steps
 
     def count_full(phase: str, info: dict) -> None:
-        if phase == "stop" and info["generation"] == 2 and perf is not None:
+        if phase == "stop" and info["generation"] == 2 and recording:
             full.append(1)
 
     gc.callbacks.append(count_full)
     for i in range(steps + 2):
         if i == 2:  # two warm-up steps first; then this process samples itself
             gc.collect()  # (the warm-up's garbage is not the sampled steps')
-            perf = subprocess.Popen(
-                ["perf", "record", "-q", "-F", "999", "-p", str(os.getpid()), "-o", data],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            time.sleep(1.0)  # (perf attaches)
+            perf = _start(tool, data)
+            recording = True
         blocks.zero_grad(set_to_none=True)
         h = x
         for blk in blocks:
             h = ckpt(blk, h)
         h.pow(2).mean().backward()
-    perf.send_signal(signal.SIGINT)
-    perf.wait()
+    _stop(tool, perf)
     with open(data + ".gc", "w") as f:
         json.dump({"full collections": len(full)}, f)
 
 
-def _record(variant: str, steps: int, tmp: str) -> dict[str, int]:
+def _output(cmd: list[str]) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+
+def _symbols(tool: str, data: str):
+    """(count, dso, symbol) of every symbol the recording holds."""
+    if tool == "callgrind":
+        report = _output(["callgrind_annotate", "--threshold=100", data])
+        for line in report.splitlines():
+            m = re.match(r"\s*([\d,]+) \([^)]*\)\s+(.*?)\s+\[(.*)\]$", line)
+            if m:
+                sym = m.group(2).split(":", 1)[-1]
+                yield int(m.group(1).replace(",", "")), os.path.basename(m.group(3)), sym
+        return
+    report = _output(["perf", "report", "-i", data, "-n", "--sort", "dso,sym", "--stdio"])
+    for line in report.splitlines():
+        m = re.match(r"\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[.\]\s+(.*)", line)
+        if m:
+            yield int(m.group(1)), m.group(2), m.group(3)
+
+
+def _record(variant: str, steps: int, tmp: str, tool: str = "perf") -> dict[str, int]:
     data = os.path.join(tmp, f"{variant}.data")
-    cmd = [sys.executable, "-m", "benchmarks.perf_symbols", "--child", variant, str(steps), data]
+    child = ["-m", "benchmarks.perf_symbols", "--child", variant, str(steps), data, "--tool", tool]
+    cmd = [sys.executable, *child]
+    if tool == "callgrind":
+        cmd = [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={data}",
+            *cmd,
+        ]
     subprocess.run(cmd, cwd=ROOT, env=child_env(), check=True, capture_output=True)
-    report = subprocess.run(
-        ["perf", "report", "-i", data, "-n", "--sort", "dso,sym", "--stdio"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
     counts = {g: 0 for g, _ in GROUPS}
     counts["other"] = 0
     with open(data + ".gc") as f:
         counts["full collections"] = json.load(f)["full collections"]
-    for line in report.splitlines():
-        m = re.match(r"\s*[\d.]+%\s+(\d+)\s+(\S+)\s+\[.\]\s+(.*)", line)
-        if not m:
-            continue
-        n, dso, sym = int(m.group(1)), m.group(2), m.group(3)
+    for n, dso, sym in _symbols(tool, data):
         text = f"{dso} {sym}"
         for g, rx in GROUPS:
             if re.search(rx, text) or re.search(rx, dso):
@@ -126,12 +173,13 @@ def _record(variant: str, steps: int, tmp: str) -> dict[str, int]:
     return counts
 
 
-def markdown(rows: dict[str, dict[str, int]], command: str) -> str:
+def markdown(rows: dict[str, dict[str, int]], command: str, tool: str = "perf") -> str:
     names = list(rows)
+    unit = "instructions (callgrind)" if tool == "callgrind" else "perf samples"
     lines = [
         f"Command: `{command}`",
         "",
-        "perf samples per 1,000 samples of sgemm (the model's matrix work, equal in every "
+        f"{unit} per 1,000 of sgemm (the model's matrix work, equal in every "
         "variant); GPT-style model, 6 blocks, d=256, every block checkpointed, one thread.",
         "",
         "| group | " + " | ".join(names) + " |",
@@ -155,19 +203,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", nargs="+", default=["torch", "auto", "preserve"])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
-    add_out_quick(p, quick="5 steps")
+    p.add_argument("--tool", choices=("perf", "callgrind"), default="perf")
+    add_out_quick(p, quick="5 steps (1 with callgrind)")
     args = p.parse_args(argv)
     if args.child:
-        _step(args.child[0], int(args.child[1]), args.child[2])
+        _step(args.child[0], int(args.child[1]), args.child[2], args.tool)
         return 0
-    if shutil.which("perf") is None:
-        print("perf is not installed: nothing to record")
+    needs = ("valgrind", "callgrind_annotate") if args.tool == "callgrind" else ("perf",)
+    missing = [t for t in needs if shutil.which(t) is None]
+    if missing:
+        print(f"{', '.join(missing)} not installed: nothing to record")
         return 1
-    steps = 5 if args.quick else args.steps
+    steps = (1 if args.tool == "callgrind" else 5) if args.quick else args.steps
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {v: _record(v, steps, tmp) for v in args.variants}
+        rows = {v: _record(v, steps, tmp, args.tool) for v in args.variants}
     command = "python -m benchmarks.perf_symbols " + " ".join(argv or sys.argv[1:])
-    return emit(markdown(rows, command.strip()), args.out)
+    return emit(markdown(rows, command.strip(), args.tool), args.out)
 
 
 if __name__ == "__main__":
