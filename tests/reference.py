@@ -45,11 +45,20 @@ def assert_bitwise(a, b):
             assert torch.equal(x, y), (x - y).abs().max()
 
 
-class ShiftBlock(nn.Module):
-    def __init__(self):
+class BufferedLinear(nn.Module):
+    """``lin``, an ``nn.Linear(n, n)``, then one buffer ``name`` made by ``value()``
+    (after the layer, so that the default generator draws in that order); the forward
+    is the subclass's."""
+
+    def __init__(self, n: int, name: str, value):
         super().__init__()
-        self.lin = nn.Linear(8, 8)
-        self.register_buffer("shift", torch.randn(8))
+        self.lin = nn.Linear(n, n)
+        self.register_buffer(name, value())
+
+
+class ShiftBlock(BufferedLinear):
+    def __init__(self):
+        super().__init__(8, "shift", lambda: torch.randn(8))
 
     def forward(self, x):
         return torch.tanh(self.lin(x) + self.shift)

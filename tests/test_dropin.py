@@ -21,7 +21,7 @@ import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
 
-from .reference import assert_bitwise, grads
+from .reference import BufferedLinear, assert_bitwise, grads
 
 REENTRANT = [False, True]
 
@@ -411,11 +411,9 @@ def test_determinism_error_starts_with_torchs_text():
 
 @pytest.mark.parametrize("reentrant", REENTRANT)
 def test_checkpoint_sequential_state_protects_the_last_chunk(reentrant):
-    class Shift(nn.Module):
+    class Shift(BufferedLinear):
         def __init__(self):
-            super().__init__()
-            self.lin = nn.Linear(4, 4)
-            self.register_buffer("shift", torch.zeros(4))
+            super().__init__(4, "shift", lambda: torch.zeros(4))
 
         def forward(self, x):
             return torch.tanh(self.lin(x) * (1 + self.shift))

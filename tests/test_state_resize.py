@@ -17,16 +17,14 @@ import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
 
-from .reference import ALL_ENGINES, ENGINES_WRITING, REENTRANT
+from .reference import ALL_ENGINES, ENGINES_WRITING, REENTRANT, BufferedLinear
 
 
-class Histogram(nn.Module):
+class Histogram(BufferedLinear):
     """Grows its own buffer by one slot per call (a buffer that starts empty)."""
 
     def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.register_buffer("hist", torch.zeros(0))
+        super().__init__(4, "hist", lambda: torch.zeros(0))
 
     def forward(self, x):
         n = self.hist.numel()
@@ -35,13 +33,11 @@ class Histogram(nn.Module):
         return self.lin(x) * self.hist.sum()
 
 
-class Repoint(nn.Module):
+class Repoint(BufferedLinear):
     """Points its buffer at a new storage (set_) holding more values."""
 
     def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(4, 4)
-        self.register_buffer("table", torch.ones(2))
+        super().__init__(4, "table", lambda: torch.ones(2))
 
     def forward(self, x):
         self.table.set_(torch.cat([self.table, self.table.sum().reshape(1)]))
