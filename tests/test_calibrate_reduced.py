@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 
-import torch
-
 from torch_replay import calibrate as cal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,8 +62,11 @@ def test_reduced_cpu_run_writes_costs(tmp_path):
         for name in ("eager", "snapshot", "journal"):
             assert g["options"][name]["valid"], g["options"][name]
             assert "kernel_s" not in g["options"][name]  # CPU: no device time
-            o = g["options"][name]  # process CPU time of a step: at most threads x wall
-            assert 0 < o["step_cpu_s"] <= o["step_s"] * torch.get_num_threads() + 1e-3, o
+            # A step's process CPU time: positive, and at most every core busy for its
+            # wall time (the isolated child picks its own thread count, so this test's
+            # torch.get_num_threads() does not bound it).
+            o = g["options"][name]
+            assert 0 < o["step_cpu_s"] <= o["step_s"] * (os.cpu_count() or 1) + 1e-3, o
     text = summary.read_text()
     assert "kernel s" not in text
     header = text.splitlines()[0]
