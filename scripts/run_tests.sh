@@ -12,6 +12,11 @@ section "setup (scripts/setup.sh)"
 bash scripts/setup.sh
 PY="${TORCH_REPLAY_VENV:-.venv}/bin/python"
 BIN="$(dirname "$PY")"
+# Inductor's and Triton's kernel caches for this checkout only (unless set): two test runs
+# side by side (two clones, two CI jobs on one machine) share no cache directory, so
+# neither can load a kernel the other is still writing (seen as "file too short").
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$PWD/build/inductor_cache}"
+export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$PWD/build/triton_cache}"
 JOBS="${MAX_JOBS:-$(nproc)}"
 
 section "lint (ruff, clang-format)"
