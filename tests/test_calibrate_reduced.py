@@ -62,11 +62,12 @@ def test_reduced_cpu_run_writes_costs(tmp_path):
         for name in ("eager", "snapshot", "journal"):
             assert g["options"][name]["valid"], g["options"][name]
             assert "kernel_s" not in g["options"][name]  # CPU: no device time
-            # A step's process CPU time: positive, and at most every core busy for its
-            # wall time (the isolated child picks its own thread count, so this test's
-            # torch.get_num_threads() does not bound it).
+            # A step's process CPU time is recorded and positive. No upper bound: for a
+            # sub-millisecond step of a multi-threaded child, the kernel's per-process
+            # sum of thread times can jump by other threads' earlier run time (a loaded
+            # CI run saw 2.7 ms of CPU in a 0.7 ms step on 2 cores).
             o = g["options"][name]
-            assert 0 < o["step_cpu_s"] <= o["step_s"] * (os.cpu_count() or 1) + 1e-3, o
+            assert o["step_cpu_s"] > 0, o
     text = summary.read_text()
     assert "kernel s" not in text
     header = text.splitlines()[0]
