@@ -431,14 +431,16 @@ void Transaction::forward_access(
   auto d = declared_.find(key);
   if (d != declared_.end()) {
     const StorageRef ref = ref_of(d->second.storage);
-    footprint_[key].add(fp);
+    RangeSet& seen =
+        footprint_[key];  // (a std::map: the reference stays valid)
+    seen.add(fp);
     // An operator that writes an argument may also read it first.
     engine_->access(key, ref, fp, write ? Access::kReadWrite : Access::kRead);
     if (write) {
       writes_[key].add(fp);
       RegionJournal::global().record_if_watched(key, ref, fp);
     }
-    note_whole(t, key);
+    note_whole(t, key, seen);
     return;
   }
   // A storage that existed before the segment.
@@ -489,9 +491,10 @@ bool Transaction::read_whole(const at::Tensor& t, StorageKey key) const {
          !reshaped(key);
 }
 
-void Transaction::note_whole(const at::Tensor& t, StorageKey key) {
+void Transaction::note_whole(
+    const at::Tensor& t, StorageKey key, const RangeSet& seen) {
   const int64_t nbytes = static_cast<int64_t>(t.storage().nbytes());
-  const std::vector<ByteRange>& r = footprint_[key].ranges();
+  const std::vector<ByteRange>& r = seen.ranges();
   if (r.size() == 1 && r[0].begin <= 0 && r[0].end >= nbytes) {
     whole_.insert_or_assign(key, Whole{t.storage().data(), nbytes});
   }

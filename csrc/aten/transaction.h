@@ -322,9 +322,9 @@ class Transaction {
   }
   // Note [Whole reads]: whether a read of `t` (declared, key `key`) is
   // already recorded; note_whole records that the forward's accesses of it
-  // now cover all of its bytes, if they do.
+  // (`seen`, its footprint so far) now cover all of its bytes, if they do.
   bool read_whole(const at::Tensor& t, StorageKey key) const;
-  void note_whole(const at::Tensor& t, StorageKey key);
+  void note_whole(const at::Tensor& t, StorageKey key, const RangeSet& seen);
   void preserve_read(const at::Tensor& t, StorageKey key, const RangeSet& fp);
   // Note [Sparse tensors]: before_op's arguments with sparse tensors as their
   // parts, the parts read hashed; returns the key of a pre-existing one it
