@@ -60,9 +60,11 @@ wait "$html"  # its exit status: a failed HTML build fails the run (set -e)
 
 section "pytest (the 25 slowest tests listed at the end: where CI time goes)"
 # Two pytest-xdist workers, one test file each at a time (--dist loadfile: a file's tests
-# share one process, its module fixtures and compiles); tests/conftest.py gives each worker
-# its own Inductor and Triton cache. Arguments after ours win: `-n 0` runs in one process.
-"$PY" -m pytest -q -n 2 --dist loadfile --durations=25 tests "$@"
+# share one process, its module fixtures and compiles), handed out in collection order
+# (--no-loadscope-reorder: tests/conftest.py puts the files that start JAX last);
+# tests/conftest.py gives each worker its own Inductor and Triton cache. Arguments after
+# ours win: `-n 0` runs in one process.
+"$PY" -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests "$@"
 
 section "GPU check, dry run (scripts/gpu_check.sh --dry-run: everything but the GPU)"
 bash scripts/gpu_check.sh --dry-run --out build/gpu_check_dry_run

@@ -22,9 +22,10 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def pytest_collection_modifyitems(config, items):
-    # Files with a test that imports JAX run last, in collection order and so in each
-    # pytest-xdist worker: JAX's threads make a later os.fork() in that process unsafe (JAX
-    # warns so), and the Inductor pass forks its variant builds (inductor_pass/variants/fork.py).
+    # Files with a test that starts JAX run last, in collection order and so in each
+    # pytest-xdist worker (scripts/run_tests.sh keeps that order: --no-loadscope-reorder):
+    # JAX's threads make a later os.fork() in that process unsafe (JAX warns so), and the
+    # Inductor pass forks its variant builds (inductor_pass/variants/fork.py).
     jax_files = {item.path for item in items if "imports_jax" in item.keywords}
     items.sort(key=lambda item: item.path in jax_files)  # stable: the rest keep their order
     slow = os.environ.get("TORCH_REPLAY_SLOW", "0") == "1"
