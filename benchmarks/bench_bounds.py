@@ -38,8 +38,20 @@ from torch_replay import schedule
 CORE = None
 
 
-def buffer_dag(rng: random.Random, n: int, max_size: int = 100) -> dict:
-    """Units producing 0-2 buffers read by 0-3 random later units."""
+def buffer_dag(rng: random.Random, n: int, max_size: int = 100, min_size: int = 1) -> dict:
+    """Units producing 0-2 buffers read by 0-3 random later units (the buffer model above;
+    ``tests/test_schedule.py`` draws its problems from it through Hypothesis's
+    ``st.randoms()``).
+
+    Args:
+        rng: the source of every draw (``random.Random`` or a Hypothesis random).
+        n: the number of units.
+        max_size: the largest buffer size.
+        min_size: the smallest buffer size.
+
+    Returns:
+        The keyword arguments of :class:`torch_replay.schedule.Problem`.
+    """
     label = list(range(n))
     rng.shuffle(label)
     sizes: list[int] = []
@@ -50,15 +62,16 @@ def buffer_dag(rng: random.Random, n: int, max_size: int = 100) -> dict:
     for p in makers:
         later = list(range(p + 1, n))
         reads = [rng.choice(later) for _ in range(rng.randint(0, 3))] if later else []
-        sizes.append(rng.randint(1, max_size))
+        sizes.append(rng.randint(min_size, max_size))
         producer.append(-1 if p < 0 else label[p])
         consumers.append([label[c] for c in reads])
         if rng.randint(0, 5) == 0:
             outputs.append(len(sizes) - 1)
     edges = []
-    for _ in range(rng.randint(0, 2)):
-        a = rng.randint(0, n - 2)
-        edges.append((label[a], label[rng.randint(a + 1, n - 1)]))
+    if n >= 2:  # an extra edge needs two units
+        for _ in range(rng.randint(0, 2)):
+            a = rng.randint(0, n - 2)
+            edges.append((label[a], label[rng.randint(a + 1, n - 1)]))
     return dict(
         sizes=sizes,
         producer=producer,

@@ -46,13 +46,21 @@ napoleon_attr_annotations = True
 
 # Every example in the pages runs (sphinx.ext.doctest); they share this setup.
 # Examples run in a fresh temporary directory (files they write land there), with the
-# repository on sys.path (``examples.queue_model``).
+# repository on sys.path (``examples.queue_model``). Sphinx runs the setup before and the
+# cleanup after each group of examples (sphinx.ext.doctest, ``test_group``): the cleanup
+# goes back to the directory the group started in and removes the temporary one.
 doctest_global_setup = f"""
 import os, sys, tempfile, warnings
 sys.path.insert(0, {ROOT!r})
-os.chdir(tempfile.mkdtemp(prefix="torch_replay_docs_"))
+_docs_cwd, _docs_tmp = os.getcwd(), tempfile.mkdtemp(prefix="torch_replay_docs_")
+os.chdir(_docs_tmp)
 import torch
 import torch_replay as tr
+"""
+doctest_global_cleanup = """
+import os, shutil
+os.chdir(_docs_cwd)
+shutil.rmtree(_docs_tmp, ignore_errors=True)
 """
 doctest_default_flags = 0
 import doctest as _doctest  # noqa: E402

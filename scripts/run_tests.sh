@@ -52,11 +52,19 @@ else
 fi
 
 section "docs (Sphinx with warnings as errors; every example in the pages runs as a doctest)"
-"$PY" -m sphinx -W -q -b html docs build/docs/html
+# The two builds side by side (each is one process; they share no output or doctree folder).
+"$PY" -m sphinx -W -q -b html docs build/docs/html &
+html=$!
 "$PY" -m sphinx -W -q -b doctest docs build/docs/doctest
+wait "$html"  # its exit status: a failed HTML build fails the run (set -e)
 
 section "pytest (the 25 slowest tests listed at the end: where CI time goes)"
-"$PY" -m pytest -q --durations=25 tests "$@"
+# Two pytest-xdist workers, one test file each at a time (--dist loadfile: a file's tests
+# share one process, its module fixtures and compiles), handed out in collection order
+# (--no-loadscope-reorder: tests/conftest.py puts the files that start JAX last);
+# tests/conftest.py gives each worker its own Inductor and Triton cache. Arguments after
+# ours win: `-n 0` runs in one process.
+"$PY" -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests "$@"
 
 section "GPU check, dry run (scripts/gpu_check.sh --dry-run: everything but the GPU)"
 bash scripts/gpu_check.sh --dry-run --out build/gpu_check_dry_run

@@ -1,12 +1,33 @@
 import os
 
-import pytest
-import torch
+# pytest-xdist (scripts/run_tests.sh runs ``-n 2``): each worker compiles into its own
+# Inductor and Triton cache directory, under the one the run was given or the checkout's
+# ``build/``, so that no worker loads a kernel file another is still writing. Set before
+# anything compiles: Inductor reads the variable at each lookup (``cache_dir()`` in
+# torch/_inductor/runtime/cache_dir_utils.py), and the tests' subprocesses inherit it.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if _WORKER:
+    _BUILD = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build")
+    for _var, _name in (
+        ("TORCHINDUCTOR_CACHE_DIR", "inductor_cache"),
+        ("TRITON_CACHE_DIR", "triton_cache"),
+    ):
+        _base = os.environ.get(_var) or os.path.join(_BUILD, _name)
+        os.environ[_var] = os.path.join(_base, _WORKER)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def pytest_collection_modifyitems(config, items):
+    # Files with a test that starts JAX run last, in collection order and so in each
+    # pytest-xdist worker (scripts/run_tests.sh keeps that order: --no-loadscope-reorder):
+    # JAX's threads make a later os.fork() in that process unsafe (JAX warns so), and the
+    # Inductor pass forks its variant builds (inductor_pass/variants/fork.py).
+    jax_files = {item.path for item in items if "imports_jax" in item.keywords}
+    items.sort(key=lambda item: item.path in jax_files)  # stable: the rest keep their order
     slow = os.environ.get("TORCH_REPLAY_SLOW", "0") == "1"
     for item in items:
         if "slow" in item.keywords and not slow:

@@ -85,6 +85,19 @@ class MoCoHead(nn.Module):
             self.ptr = (self.ptr + n) % self.queue.shape[0]
 
 
+class ConstantScaled(nn.Module):
+    """A tensor constant in the user's code: a graph compiled from it holds a real
+    ``_tensor_constant`` (this module imports only torch, so a fresh interpreter can use it
+    with or without the Inductor pass)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) * torch.tensor([1.0, 2.0, 3.0, 4.0]) + 1
+
+
 # ------------------------------------------------------------------ planner tests
 
 SLOW = os.environ.get("TORCH_REPLAY_SLOW", "0") == "1"

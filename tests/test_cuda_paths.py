@@ -40,6 +40,17 @@ def assert_eager_and_put_back(program):
     assert before == after
 
 
+def linear_step(seg, x, lin, ours, *, moved, read, **checkpoint_kw):
+    """One step of a program for :func:`assert_eager_and_put_back`: ``seg(x)`` through
+    tr.checkpoint (``ours``) or eagerly, then ``moved()`` changes the state between forward
+    and backward; ``read()`` is that state before and after the backward."""
+    y = tr.checkpoint(seg, x, **checkpoint_kw) if ours else seg(x)
+    moved()
+    before = read()
+    y.pow(2).sum().backward()
+    return grads(x, lin.weight), before, read()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("reentrant", [False, True])
@@ -105,11 +116,16 @@ def test_explicit_device_generator_is_preserved(device):
             noise = torch.rand(inp.shape, generator=g, device=device)
             return torch.tanh(lin(inp) * noise)
 
-        y = tr.checkpoint(seg, x, state=[g], use_reentrant=False) if ours else seg(x)
-        torch.rand(3, generator=g, device=device)  # later draws move the generator
-        before = gen_state(device, g)
-        y.pow(2).sum().backward()
-        return grads(x, lin.weight), before, gen_state(device, g)
+        return linear_step(
+            seg,
+            x,
+            lin,
+            ours,
+            state=[g],
+            use_reentrant=False,
+            moved=lambda: torch.rand(3, generator=g, device=device),  # later draws
+            read=lambda: gen_state(device, g),
+        )
 
     assert_eager_and_put_back(program)
 
@@ -122,11 +138,15 @@ def test_default_device_generator_dropout(device, reentrant):
         lin = nn.Linear(8, 8).to(device)
         x = torch.randn(16, 8, device=device, requires_grad=True)
         seg = lambda inp: nn.functional.dropout(torch.tanh(lin(inp)), 0.5)  # noqa: E731
-        y = tr.checkpoint(seg, x, use_reentrant=reentrant) if ours else seg(x)
-        torch.rand(5, device=device)  # the device's default generator moves on
-        before = gen_state(device)
-        y.pow(2).sum().backward()
-        return grads(x, lin.weight), before, gen_state(device)
+        return linear_step(
+            seg,
+            x,
+            lin,
+            ours,
+            use_reentrant=reentrant,
+            moved=lambda: torch.rand(5, device=device),  # the default generator moves on
+            read=lambda: gen_state(device),
+        )
 
     assert_eager_and_put_back(program)
 
@@ -163,11 +183,20 @@ def test_typed_alias_on_device(device):
         w_bits = w.view(torch.int32)
         x = torch.randn(4, 8, device=device, requires_grad=True)
         seg = lambda inp: torch.tanh(lin(inp) + w)  # noqa: E731
-        y = tr.checkpoint(seg, x, state=[w_bits], use_reentrant=False) if ours else seg(x)
-        w_bits[::2] ^= 0x00400000  # flip a mantissa bit through the integer view
-        before = storage_bytes(w)
-        y.pow(2).sum().backward()
-        return grads(x, lin.weight), before, storage_bytes(w)
+
+        def flip():  # a mantissa bit, through the integer view
+            w_bits[::2] ^= 0x00400000
+
+        return linear_step(
+            seg,
+            x,
+            lin,
+            ours,
+            state=[w_bits],
+            use_reentrant=False,
+            moved=flip,
+            read=lambda: storage_bytes(w),
+        )
 
     assert_eager_and_put_back(program)
 

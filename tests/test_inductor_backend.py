@@ -24,19 +24,9 @@ import torch
 import inductor_pass
 from inductor_pass.observe import CompileObserver, observing
 from tests.inductor_support import pass_config, subprocess_env
+from tests.reference import ConstantScaled
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo", "no_decision_cache")
-
-
-class _Scaled(torch.nn.Module):
-    """A tensor constant in the user's code: the graph holds a real ``_tensor_constant``."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 4)
-
-    def forward(self, x):
-        return self.lin(x) * torch.tensor([1.0, 2.0, 3.0, 4.0]) + 1
 
 
 def _two_steps(model, x, backend):
@@ -83,7 +73,7 @@ def _all_logs():
 @pytest.mark.parametrize("fork", [True, False], ids=["forked", "in-process"])
 def test_graph_with_a_tensor_constant_gets_its_variant_and_logs_no_error(fork, one_thread):
     torch.manual_seed(0)
-    model, x = _Scaled(), torch.randn(3, 4)
+    model, x = ConstantScaled(), torch.randn(3, 4)
     with _all_logs() as plain:
         ref = _two_steps(model, x, "inductor")
     torch._dynamo.reset()
@@ -126,7 +116,7 @@ class _Recorder(CompileObserver):
 
 def test_observer_sees_each_compile_and_first_call(one_thread):
     torch.manual_seed(0)
-    model, x = _Scaled(), torch.randn(3, 4)
+    model, x = ConstantScaled(), torch.randn(3, 4)
     inductor_pass.clear_reports()
     with observing(_Recorder()) as rec:
         _two_steps(model, x, "torch_replay")
@@ -149,20 +139,13 @@ _WARNINGS = textwrap.dedent(
     """
     import json, sys, warnings
     import torch
+    from tests.reference import ConstantScaled
 
     backend = sys.argv[1]
     if backend == "torch_replay":
         import inductor_pass  # noqa: F401  (only where the pass is used)
 
-    class Scaled(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.lin(x) * torch.tensor([1.0, 2.0, 3.0, 4.0]) + 1
-
-    f = torch.compile(Scaled(), backend=backend)
+    f = torch.compile(ConstantScaled(), backend=backend)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for _ in range(2):  # the forward and backward compiles, then a warm step

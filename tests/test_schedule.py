@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.bench_bounds import buffer_dag
 from torch_replay import schedule
 
 SLOW = os.environ.get("TORCH_REPLAY_SLOW", "0") == "1"
@@ -151,37 +152,11 @@ def brute_bounds(spec: dict) -> dict[str, float]:
 
 @st.composite
 def problems(draw, max_units: int = 7, max_size: int = 30):
+    """The benchmark's buffer model (``buffer_dag``) on 1 to ``max_units`` units, sizes
+    from 0, every draw made by Hypothesis (so a failing problem shrinks)."""
     n = draw(st.integers(1, max_units))
-    label = draw(st.permutations(range(n)))  # index order is not topological
-    sizes, producer, consumers, outputs = [], [], [], []
-
-    def add(p: int) -> None:
-        later = list(range(p + 1, n))
-        reads = draw(st.lists(st.sampled_from(later), max_size=3)) if later else []
-        sizes.append(draw(st.integers(0, max_size)))
-        producer.append(-1 if p < 0 else label[p])
-        consumers.append([label[c] for c in reads])
-        if draw(st.integers(0, 5)) == 0:
-            outputs.append(len(sizes) - 1)
-
-    for _ in range(draw(st.integers(0, 2))):
-        add(-1)
-    for u in range(n):
-        for _ in range(draw(st.integers(0, 2))):
-            add(u)
-    edges = []
-    if n >= 2:
-        for _ in range(draw(st.integers(0, 2))):
-            a = draw(st.integers(0, n - 2))
-            edges.append((label[a], label[draw(st.integers(a + 1, n - 1))]))
-    return dict(
-        sizes=sizes,
-        producer=producer,
-        consumers=consumers,
-        outputs=outputs,
-        num_units=n,
-        extra_edges=edges,
-    )
+    rng = draw(st.randoms(use_true_random=False))
+    return buffer_dag(rng, n, max_size=max_size, min_size=0)
 
 
 PROPERTY = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -264,12 +264,9 @@ def _coo():
     return torch.tensor([[0.0, 2.0, 0.0], [1.0, 0.0, 3.0], [0.0, 0.0, 4.0]]).to_sparse()
 
 
-@pytest.mark.parametrize("reentrant", REENTRANT)
-@pytest.mark.parametrize("make", [_csr, _coo], ids=["csr", "coo"])
-def test_sparse_tensor_changed_through_its_values_is_refused(observer, make, reentrant):
-    """Note [Sparse tensors]: ``a.values()`` has a version counter of its own, so only
-    the parts' bytes show the change; torch's checkpoint is silently wrong here."""
-    a = make()
+def _sparse_mm_with_reference(a):
+    """``fn(t) = sparse.mm(a, t) ** 2``, an input ``x`` and the eager gradient of
+    ``fn(x).sum()`` with ``a`` as it is now (the reference; ``x.grad`` is reset)."""
     x = torch.randn(3, 2, requires_grad=True)
 
     def fn(t):
@@ -277,6 +274,16 @@ def test_sparse_tensor_changed_through_its_values_is_refused(observer, make, ree
 
     fn(x).sum().backward()
     ref, x.grad = x.grad, None
+    return fn, x, ref
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+@pytest.mark.parametrize("make", [_csr, _coo], ids=["csr", "coo"])
+def test_sparse_tensor_changed_through_its_values_is_refused(observer, make, reentrant):
+    """Note [Sparse tensors]: ``a.values()`` has a version counter of its own, so only
+    the parts' bytes show the change; torch's checkpoint is silently wrong here."""
+    a = make()
+    fn, x, ref = _sparse_mm_with_reference(a)
     y = tcp.checkpoint(fn, x, use_reentrant=reentrant)
     with torch.no_grad():
         a.values().mul_(2)
@@ -294,13 +301,7 @@ def test_sparse_tensor_changed_through_its_values_is_refused(observer, make, ree
 
 def test_preserve_keeps_a_sparse_tensor_read(observer):
     a = _csr()
-    x = torch.randn(3, 2, requires_grad=True)
-
-    def fn(t):
-        return torch.sparse.mm(a, t) ** 2
-
-    fn(x).sum().backward()
-    ref, x.grad = x.grad, None
+    fn, x, ref = _sparse_mm_with_reference(a)
     old = tr.config.detect
     tr.config.detect = "preserve"
     try:

@@ -62,6 +62,7 @@ def _overlap_as_temporary(spec):
     return dataclasses.replace(spec, ops=ops)
 
 
+@pytest.mark.imports_jax
 def test_jax_cohort_pattern():
     jax = pytest.importorskip(
         "jax", reason="the cohort's JAX family needs jax (pin: jax[cpu]==0.10.2)"
