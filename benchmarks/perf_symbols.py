@@ -6,6 +6,8 @@ process per variant under ``perf record``, samples grouped by what they are.
     python -m benchmarks.perf_symbols --variants torch guard --steps 40
     python -m benchmarks.perf_symbols --out benchmarks/results/perf_symbols.md
     python -m benchmarks.perf_symbols --tool callgrind --steps 2   # instruction counts
+    python -m benchmarks.perf_symbols --model llama --seq 64 --tool callgrind --steps 2 \
+        --variants torch nostate guard auto    # the Llama model of bench_replay_speed
 
 Samples are normalised by each run's samples in MKL's sgemm kernels (the same matrix work
 in every variant), so a group's figure reads "samples per unit of model work": the
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -86,13 +89,10 @@ def _stop(tool: str, perf) -> None:
     perf.wait()
 
 
-def _step(variant: str, steps: int, data: str, tool: str = "perf") -> None:
-    torch.set_num_threads(1)
+def _gpt_step(variant: str) -> Callable[[], None]:
     torch.manual_seed(0)
     blocks = nn.ModuleList(PreNormBlock(256, 4, dropout=0.1) for _ in range(6))
     x = torch.randn(4, 128, 256)
-    if variant == "preserve":
-        tr.config.detect = "preserve"
 
     def ckpt(blk, h):
         if variant == "torch":
@@ -101,6 +101,44 @@ def _step(variant: str, steps: int, data: str, tool: str = "perf") -> None:
             return tr.checkpoint(blk, h, use_reentrant=False)
         return tr.checkpoint(blk, h, use_reentrant=False, state=[blk], engine=variant)
 
+    def step() -> None:
+        blocks.zero_grad(set_to_none=True)
+        h = x
+        for blk in blocks:
+            h = ckpt(blk, h)
+        h.pow(2).mean().backward()
+
+    return step
+
+
+def _llama_step(variant: str, seq: int) -> Callable[[], None]:
+    """bench_replay_speed's Llama rows: transformers' model, every layer checkpointed."""
+    from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
+
+    ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
+    model = build_hf("llama", layers=4, hidden=256)
+    model.train()
+    if variant == "torch":
+        hf_turn_on(model, "torch")
+    elif variant in ("nostate", "preserve"):
+        hf_turn_on(model, "tr", replay_state=None)
+    else:
+        hf_turn_on(model, "tr", replay_engine=variant)
+
+    def step() -> None:
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return step
+
+
+def _step(
+    variant: str, steps: int, data: str, tool: str = "perf", model: str = "gpt", seq: int = 256
+) -> None:
+    torch.set_num_threads(1)
+    if variant == "preserve":
+        tr.config.detect = "preserve"
+    step = _llama_step(variant, seq) if model == "llama" else _gpt_step(variant)
     recording = False
     full = []  # generation-2 collections inside the sampled steps
 
@@ -114,11 +152,7 @@ def _step(variant: str, steps: int, data: str, tool: str = "perf") -> None:
             gc.collect()  # (the warm-up's garbage is not the sampled steps')
             perf = _start(tool, data)
             recording = True
-        blocks.zero_grad(set_to_none=True)
-        h = x
-        for blk in blocks:
-            h = ckpt(blk, h)
-        h.pow(2).mean().backward()
+        step()
     _stop(tool, perf)
     with open(data + ".gc", "w") as f:
         json.dump({"full collections": len(full)}, f)
@@ -145,9 +179,12 @@ def _symbols(tool: str, data: str):
             yield int(m.group(1)), m.group(2), m.group(3)
 
 
-def _record(variant: str, steps: int, tmp: str, tool: str = "perf") -> dict[str, int]:
+def _record(
+    variant: str, steps: int, tmp: str, tool: str = "perf", model: str = "gpt", seq: int = 256
+) -> dict[str, int]:
     data = os.path.join(tmp, f"{variant}.data")
-    child = ["-m", "benchmarks.perf_symbols", "--child", variant, str(steps), data, "--tool", tool]
+    child = ["-m", "benchmarks.perf_symbols", "--child", variant, str(steps), data]
+    child += ["--tool", tool, "--model", model, "--seq", str(seq)]
     cmd = [sys.executable, *child]
     if tool == "callgrind":
         cmd = [
@@ -173,14 +210,23 @@ def _record(variant: str, steps: int, tmp: str, tool: str = "perf") -> dict[str,
     return counts
 
 
-def markdown(rows: dict[str, dict[str, int]], command: str, tool: str = "perf") -> str:
+MODELS = {
+    "gpt": "GPT-style model, 6 blocks, d=256, every block checkpointed",
+    "llama": "transformers' Llama, 4 layers, hidden 256, batch 2, every layer checkpointed "
+    "through torch_replay.integrations.transformers.enable (torch: HF's own)",
+}
+
+
+def markdown(
+    rows: dict[str, dict[str, int]], command: str, tool: str = "perf", model: str = "gpt"
+) -> str:
     names = list(rows)
     unit = "instructions (callgrind)" if tool == "callgrind" else "perf samples"
     lines = [
         f"Command: `{command}`",
         "",
         f"{unit} per 1,000 of sgemm (the model's matrix work, equal in every "
-        "variant); GPT-style model, 6 blocks, d=256, every block checkpointed, one thread.",
+        f"variant); {MODELS[model]}, one thread.",
         "",
         "| group | " + " | ".join(names) + " |",
         "| --- |" + " --- |" * len(names),
@@ -204,10 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     p.add_argument("--tool", choices=("perf", "callgrind"), default="perf")
+    p.add_argument("--model", choices=tuple(MODELS), default="gpt")
+    p.add_argument("--seq", type=int, default=256, help="Llama's sequence length (256)")
     add_out_quick(p, quick="5 steps (1 with callgrind)")
     args = p.parse_args(argv)
     if args.child:
-        _step(args.child[0], int(args.child[1]), args.child[2], args.tool)
+        _step(args.child[0], int(args.child[1]), args.child[2], args.tool, args.model, args.seq)
         return 0
     needs = ("valgrind", "callgrind_annotate") if args.tool == "callgrind" else ("perf",)
     missing = [t for t in needs if shutil.which(t) is None]
@@ -216,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     steps = (1 if args.tool == "callgrind" else 5) if args.quick else args.steps
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {v: _record(v, steps, tmp, args.tool) for v in args.variants}
+        rows = {v: _record(v, steps, tmp, args.tool, args.model, args.seq) for v in args.variants}
     command = "python -m benchmarks.perf_symbols " + " ".join(argv or sys.argv[1:])
-    return emit(markdown(rows, command.strip(), args.tool), args.out)
+    return emit(markdown(rows, command.strip(), args.tool, args.model), args.out)
 
 
 if __name__ == "__main__":
