@@ -18,14 +18,43 @@ take keyword arguments (masks, position embeddings) and the model runs code betw
    state is what the application declares (``replay_state``). Identical layers share the
    group's costs.
 4. **Outside bytes.** The model's memory outside its layers (embeddings, the head's
-   logits, the loss) is one tracked training step with every layer kept, minus what the
-   layer costs predict for it: ``outside = measured - (static + gradients + sum(eager
-   retained) + max(eager transient))`` (at least 0). The all-kept prediction is then the
-   measured step by construction; the other plans are predicted from the layer costs.
-5. **Plan** with the exact planner (:func:`torch_replay.plan`), persistent bytes =
-   :class:`StepMemory` (parameters, buffers, gradients, optimizer state as the user's step
-   holds them) + outside bytes. An infeasible budget raises
-   :class:`~torch_replay.InfeasibleBudgetError` before anything is changed.
+   logits, the loss, the head's gradients) is one tracked training step with every layer
+   kept and gradients cleared first, minus what the layer costs predict for it:
+   ``outside = measured - (parameters and buffers + ordered peak of every layer kept)``
+   (at least 0). The all-kept prediction is then the measured step by construction; the
+   other plans are predicted from the layer costs.
+5. **Plan** with the exact ordered planner (:func:`torch_replay.layer_order.plan_ordered`,
+   Note [Ordered layer peak] there). The predicted peak is
+   ``step + outside + max(floor, max_i (sum_{j<=i} retained_j + transient_i +
+   sum_{j>i} grads_j))``, whose terms are:
+
+   * ``step`` (:class:`StepMemory`): parameters and buffers (distinct storages), the
+     optimizer's slots (``optimizer_slots x`` the trainable bytes: AdamW's ``exp_avg``
+     and ``exp_avg_sq`` exist from the first step on) and ``extra``; gradients only with
+     ``grads=True`` (a step that holds them throughout). By default the step clears them
+     (``zero_grad(set_to_none=True)``, torch's default), so they are not persistent:
+   * ``grads_j``: layer ``j``'s gradients, alive from its backward on. Counting every
+     gradient as persistent (as the first version of this planner did) over-predicts the
+     peak by the gradients of the layers not yet differentiated at the peak: up to
+     all of them (24 MiB of the Llama benchmark's 140 MiB step);
+   * ``retained_j``, ``transient_i``: the calibration's costs of the layer's option
+     (``measure_segments``, gradients cleared, so a layer's ``transient`` holds the
+     gradients its backward creates; a checkpointed layer's ``retained`` is its input
+     plus what its engine preserves, its ``transient`` the re-run's activations);
+   * ``outside``: step 4, the model outside its layers at the all-kept peak (the head's
+     logits are freed before the earlier layers' backward, so for plans whose peak is
+     at an early layer the prediction is over by up to these bytes: the model error,
+     stated and tested in ``tests/test_layer_budget.py``);
+   * ``floor``: every gradient, held after the layers' backward.
+
+   **Engines.** A layer's engine options that keep no fewer bytes (retained and
+   transient) than another engine's and are not faster by more than
+   :data:`TIME_TOLERANCE` are dropped before planning: for a layer whose declared
+   state its forward does not write (a Llama layer's parameters), ``guard`` and
+   ``journal`` keep nothing beyond the layer's input while ``snapshot`` and ``readset``
+   copy the state, and their calibrated times differ by noise, not work. Each journaled
+   layer pays its own log (the layers' declared states are their own). An infeasible
+   budget raises :class:`~torch_replay.InfeasibleBudgetError` before anything is changed.
 
 The costs (groups, outside bytes, the model's fingerprint) can be written to a file and
 given back (``costs=``); costs of another model raise
@@ -55,10 +84,12 @@ from .calibrate.fingerprint import (
     read_costs,
 )
 from .errors import CostsMismatchError, InfeasibleBudgetError
-from .planner import Option, Plan, plan
+from .layer_order import ordered_peak, plan_ordered
+from .planner import Option, Plan
 
 __all__ = [
     "LAYER_SCHEMA",
+    "TIME_TOLERANCE",
     "LayerPlan",
     "StepMemory",
     "outermost",
@@ -67,8 +98,12 @@ __all__ = [
     "step_loss",
 ]
 
-LAYER_SCHEMA = "torch_replay.layer_costs/1"
-"""Version tag of a layer costs file."""
+LAYER_SCHEMA = "torch_replay.layer_costs/2"
+"""Version tag of a layer costs file (2: outside bytes measured with gradients cleared)."""
+
+TIME_TOLERANCE = 0.05
+"""Relative time difference under which two engines of a layer count as equally fast,
+so that the one keeping fewer bytes is planned (Note [Layer plans], Engines)."""
 
 _CACHE_KEYWORDS = {"use_cache": False, "past_key_values": None, "layer_past": None}
 
@@ -83,9 +118,11 @@ class StepMemory:
     parameters that require grad.
     """
 
-    grads: bool = True
-    """One ``.grad`` per trainable parameter through the step (conservative: with
-    ``zero_grad(set_to_none=True)`` they appear during backward)."""
+    grads: bool = False
+    """One ``.grad`` per trainable parameter held through the step (gradient
+    accumulation, ``zero_grad(set_to_none=False)``). False (default): the step clears
+    them first (``zero_grad(set_to_none=True)``, torch's default) and each layer's
+    gradients are charged from its backward on (Note [Layer plans])."""
     optimizer_slots: int = 2
     """Tensors of each trainable parameter's size the optimizer holds: 2 for Adam and
     AdamW (``exp_avg``, ``exp_avg_sq``), 1 for SGD with momentum, 0 for plain SGD."""
@@ -127,6 +164,9 @@ class LayerPlan(Plan):
     """The :class:`StepMemory` part of ``persistent``."""
     outside_bytes: int = 0
     """The model's memory outside its layers (Note [Layer plans]), part of ``persistent``."""
+    grads: list[int] = field(default_factory=list)
+    """Each layer's gradient bytes, alive from its backward on (0 with
+    ``StepMemory(grads=True)``: then they are part of ``step_bytes``)."""
 
     def __str__(self) -> str:
         fit = "fits" if self.fits else f"OVER by {_mib(self.overshoot)} MiB"
@@ -145,8 +185,10 @@ class LayerPlan(Plan):
             )
         lines.append(
             f"  peak = step {_mib(self.step_bytes)} + outside the layers "
-            f"{_mib(self.outside_bytes)} + retained {_mib(self.retained)} + max transient "
-            f"{_mib(self.transient)} MiB; smallest feasible budget {_mib(self.min_budget)} MiB"
+            f"{_mib(self.outside_bytes)} + max over layers i (retained up to i + transient "
+            f"of i + gradients after i) {_mib(self.peak - self.persistent)} MiB (retained "
+            f"{_mib(self.retained)}, max transient {_mib(self.transient)}, gradients "
+            f"{_mib(sum(self.grads))}); smallest feasible budget {_mib(self.min_budget)} MiB"
         )
         return "\n".join(lines)
 
@@ -279,12 +321,12 @@ def _calibrate_groups(
 def _measure_outside(
     model: torch.nn.Module, call: Callable[[], Any], loss_fn: Callable[[Any], torch.Tensor]
 ) -> int:
-    """Tracked peak of one training step with every layer kept (gradients held)."""
+    """Tracked peak of one training step with every layer kept, gradients cleared first
+    (they count from their creation on)."""
     with _Kept([model], None):
-        params = [p for p in model.parameters() if p.requires_grad]
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        static = static_bytes([*model.parameters(), *model.buffers(), *(p.grad for p in params)])
+        for p in model.parameters():
+            p.grad = None
+        static = static_bytes([*model.parameters(), *model.buffers()])
         tracker = LiveBytesTracker()
         with torch.enable_grad(), tracker:
             loss_fn(call()).backward()
@@ -391,8 +433,9 @@ def plan_layers(
         budget: memory budget of one training step, in bytes.
         state_of: the declared state of a layer when checkpointed (``replay_state``).
         loss_fn: maps the model's output to the loss (default :func:`step_loss`).
-        step_memory: the persistent bytes: a :class:`StepMemory` (default: gradients
-            and two optimizer slots, as AdamW) or an exact byte count.
+        step_memory: the persistent bytes: a :class:`StepMemory` (default: two
+            optimizer slots, as AdamW, gradients cleared before the step) or an exact byte
+            count (gradients then charged per layer as cleared).
         costs: a layer costs file (or its dict) written before; checked against the model.
         calibration: keywords of :func:`torch_replay.calibrate_model` (``quick``,
             ``reps``, ``warmup``, ``options``, ``progress``) and ``out`` (write the
@@ -441,29 +484,35 @@ def plan_layers(
         )
         eager = [_eager(g["options"], names[i]) for g, i in zip(group_costs, order, strict=True)]
         base = StepMemory(optimizer_slots=0).bytes(model)
-        kept = base + sum(eager[g].retained for g in groups)
-        kept += max(eager[g].transient for g in groups)
+        cleared = _layer_grads(layers)
+        kept = base + ordered_peak([eager[g] for g in groups], cleared, floor=_trainable(model))
         measured = _measure_outside(model, call, loss_fn)
         outside = {"bytes": max(0, measured - kept), "measured_all_kept": measured}
         doc = _costs_doc(model, names, prints, groups, group_costs, outside, device)
     if out is not None:
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")
-    options = [[Option(**o) for o in doc["groups"][g]["options"]] for g in groups]
+    options = [_lean([Option(**o) for o in doc["groups"][g]["options"]]) for g in groups]
+    memory = step_memory if isinstance(step_memory, StepMemory) else StepMemory()
     if isinstance(step_memory, int) and not isinstance(step_memory, bool):
         step = step_memory
     else:
-        step = (step_memory or StepMemory()).bytes(model)
+        step = memory.bytes(model)
+    grads = [0] * len(layers) if memory.grads else _layer_grads(layers)
+    floor = 0 if memory.grads else _trainable(model)
     outside_bytes = int(doc["outside"]["bytes"])
     try:
-        chosen = plan(options, budget=budget, persistent=step + outside_bytes)
+        chosen = plan_ordered(
+            options, grads, budget=budget, persistent=step + outside_bytes, floor=floor
+        )
     except InfeasibleBudgetError as e:
         raise InfeasibleBudgetError(
             f"no layer plan of {type(model).__name__} fits budget={budget} bytes: the "
             f"smallest feasible budget is {e.min_budget} bytes ({e.min_budget / 2**20:.2f} "
             f"MiB), with persistent bytes {step} (StepMemory: parameters, buffers, "
-            f"gradients, optimizer state) and {outside_bytes} outside the layers, for the "
-            "leanest choice per layer. Raise the budget, or lower the persistent bytes (a smaller "
-            "batch, fewer optimizer slots). The model was not changed.",
+            f"optimizer state{', gradients' if memory.grads else ''}) and {outside_bytes} "
+            "outside the layers, for the leanest choice per layer. Raise the budget, or lower "
+            "the persistent bytes (a smaller batch, fewer optimizer slots). The model was not "
+            "changed.",
             min_budget=e.min_budget,
         ) from None
     return LayerPlan(
@@ -472,7 +521,39 @@ def plan_layers(
         groups=groups,
         step_bytes=step,
         outside_bytes=outside_bytes,
+        grads=grads,
     )
+
+
+def _layer_grads(layers: Sequence[torch.nn.Module]) -> list[int]:
+    """Each layer's gradient bytes (its trainable parameters)."""
+    return [
+        sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad)
+        for m in layers
+    ]
+
+
+def _trainable(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def _lean(options: list[Option]) -> list[Option]:
+    """A layer's options without the engines another engine beats (Note [Layer plans],
+    Engines): no fewer retained and transient bytes, and not faster by more than
+    :data:`TIME_TOLERANCE`."""
+
+    def beaten(b: Option) -> bool:
+        return any(
+            a is not b
+            and a.name != "eager"
+            and a.retained <= b.retained
+            and a.transient <= b.transient
+            and (a.retained, a.transient) != (b.retained, b.transient)
+            and a.time <= b.time * (1 + TIME_TOLERANCE)
+            for a in options
+        )
+
+    return [o for o in options if o.name == "eager" or not beaten(o)]
 
 
 def _eager(options: Sequence[Mapping[str, Any]], name: str) -> Option:
