@@ -219,7 +219,10 @@ class _Profiler:
     """Per-segment timing and memory windows of one step (see profile_step)."""
 
     def __init__(
-        self, n: int, tracker: LiveBytesTracker | None, clock: Callable[[], float] = time.perf_counter
+        self,
+        n: int,
+        tracker: LiveBytesTracker | None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._clock = clock
         self.tracker = tracker

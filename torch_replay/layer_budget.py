@@ -167,6 +167,10 @@ class LayerPlan(Plan):
     grads: list[int] = field(default_factory=list)
     """Each layer's gradient bytes, alive from its backward on (0 with
     ``StepMemory(grads=True)``: then they are part of ``step_bytes``)."""
+    floor: int = 0
+    """Bytes held after the layers' backward besides ``persistent`` (every gradient)."""
+    layer_options: list[list[Option]] = field(default_factory=list)
+    """Each layer's options as planned (after dropping the beaten engines)."""
 
     def __str__(self) -> str:
         fit = "fits" if self.fits else f"OVER by {_mib(self.overshoot)} MiB"
@@ -522,14 +526,15 @@ def plan_layers(
         step_bytes=step,
         outside_bytes=outside_bytes,
         grads=grads,
+        floor=floor,
+        layer_options=options,
     )
 
 
 def _layer_grads(layers: Sequence[torch.nn.Module]) -> list[int]:
     """Each layer's gradient bytes (its trainable parameters)."""
     return [
-        sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad)
-        for m in layers
+        sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad) for m in layers
     ]
 
 

@@ -129,7 +129,11 @@ def plan_ordered(
         states = _pareto(grown)
         sizes.append(len(states))
         lean = _pareto2(
-            [(h + o.retained, max(t, h + o.retained + o.transient + a)) for h, t in lean for o in seg]
+            [
+                (h + o.retained, max(t, h + o.retained + o.transient + a))
+                for h, t in lean
+                for o in seg
+            ]
         )
     min_budget = persistent + min(t for _, t in lean)
     seconds = _time.perf_counter() - start
