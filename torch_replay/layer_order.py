@@ -41,7 +41,11 @@ from collections.abc import Sequence
 from .errors import InfeasibleBudgetError
 from .planner import Option, Plan, PlanPrediction, SolverStats, _checked_segments
 
-__all__ = ["ordered_peak", "plan_ordered"]
+__all__ = ["TIME_TOLERANCE", "lean_options", "ordered_peak", "plan_ordered"]
+
+TIME_TOLERANCE = 0.05
+"""Relative time difference under which two engines of a layer count as equally fast,
+so that the one keeping fewer bytes is planned (Note [Layer plans] in ``layer_budget.py``, Engines)."""
 
 
 def _suffix(grads: Sequence[int]) -> list[int]:
@@ -199,3 +203,29 @@ def _pareto2(states: list[tuple[int, int]]) -> list[tuple[int, int]]:
         if not kept or s[1] < kept[-1][1]:
             kept.append(s)
     return kept
+
+
+def lean_options(options: list[Option]) -> list[Option]:
+    """A layer's options without the engines another engine beats: one that keeps fewer
+    bytes (no more retained and transient, not both equal) and is not slower by more than
+    :data:`TIME_TOLERANCE` (Note [Layer plans] in ``layer_budget.py``, Engines).
+
+    Args:
+        options: the layer's options.
+
+    Returns:
+        The options kept (``eager`` always), in their order.
+    """
+
+    def beaten(b: Option) -> bool:
+        return any(
+            a is not b
+            and a.name != "eager"
+            and a.retained <= b.retained
+            and a.transient <= b.transient
+            and (a.retained, a.transient) != (b.retained, b.transient)
+            and a.time <= b.time * (1 + TIME_TOLERANCE)
+            for a in options
+        )
+
+    return [o for o in options if o.name == "eager" or not beaten(o)]
