@@ -246,7 +246,7 @@ def test_hf_enable_budget_applies_the_plan_and_fits(tmp_path, one_thread):
     plan = tr_hf.enable(model, budget=free.min_budget, example_batch=_batch(), costs=path)
     layers = tr_hf.layers(model)
     assert [m.gradient_checkpointing for m in layers] == [c != "eager" for c in plan.choices]
-    assert layers[0].gradient_checkpointing  # the smallest budget: the first layer at least
+    assert any(m.gradient_checkpointing for m in layers)  # the smallest budget
     assert all(
         m._gradient_checkpointing_func.keywords["replay_engine"] == c
         for m, c in zip(layers, plan.choices, strict=True)
@@ -284,7 +284,7 @@ def test_hf_budget_gradients_equal_transformers_checkpointing(one_thread):
         torch.manual_seed(5)
         m(**_batch()).loss.backward()
         grads.append([p.grad for p in m.parameters()])
-    assert plan.choices[0] != "eager"
+    assert any(c != "eager" for c in plan.choices)
     assert_bitwise(grads[0], grads[1])
 
 
@@ -316,7 +316,7 @@ def test_quick_layer_budget_benchmark_rows_against_eager_computed_here(tmp_path,
         if e["key"].startswith("ours"):
             assert same, e["row"]
             assert e["tracked"] <= e["predicted"] * (1 + MODEL_ERROR), e
-    assert rows[2]["choices"][0] != "E"  # the smallest feasible budget: layer 0 checkpointed
+    assert set(rows[4]["choices"]) == {"E"}  # the all-kept budget
     assert out.read_text().count("| ours, budget") == 3
 
 

@@ -17,16 +17,19 @@ take keyword arguments (masks, position embeddings) and the model runs code betw
    as a one-segment workload with every option (``eager`` and the engines); its declared
    state is what the application declares (``replay_state``). Identical layers share the
    group's costs.
-4. **Outside bytes.** The model's memory outside its layers (embeddings, the head's
-   logits, the loss, the head's gradients) is one tracked training step with every layer
-   kept and gradients cleared first, minus what the layer costs predict for it:
-   ``outside = measured - (parameters and buffers + ordered peak of every layer kept)``
-   (at least 0). The all-kept prediction is then the measured step by construction; the
-   other plans are predicted from the layer costs.
+4. **Outside bytes.** The model's memory outside its layers is one tracked training step
+   with every layer kept and gradients cleared first, in two phases split at the
+   gradient of the last layer's output: until then (the forward and the head's backward:
+   the logits, their gradient, the loss) ``head = measured - (parameters and buffers +
+   outside + sum(eager retained))``; from then on (the layers' backward: the head's
+   gradients, what the embeddings keep) ``outside = measured - (parameters and buffers
+   + ordered peak of every layer kept)`` (each at least 0). The all-kept prediction is
+   then the measured step by construction; the other plans are predicted from the
+   layer costs.
 5. **Plan** with the exact ordered planner (:func:`torch_replay.layer_order.plan_ordered`,
    Note [Ordered layer peak] there). The predicted peak is
-   ``step + outside + max(floor, max_i (sum_{j<=i} retained_j + transient_i +
-   sum_{j>i} grads_j))``, whose terms are:
+   ``step + outside + max(floor, head + sum_j retained_j, max_i (sum_{j<=i} retained_j
+   + transient_i + sum_{j>i} grads_j))``, whose terms are:
 
    * ``step`` (:class:`StepMemory`): parameters and buffers (distinct storages), the
      optimizer's slots (``optimizer_slots x`` the trainable bytes: AdamW's ``exp_avg``
@@ -41,13 +44,13 @@ take keyword arguments (masks, position embeddings) and the model runs code betw
      (``measure_segments``, gradients cleared, so a layer's ``transient`` holds the
      gradients its backward creates; a checkpointed layer's ``retained`` is its input
      plus what its engine preserves, its ``transient`` the re-run's activations);
-   * ``outside``: step 4, the model outside its layers at the all-kept peak (the head's
-     logits are freed before the earlier layers' backward, so for plans whose peak is
-     at an early layer the prediction is over by up to these bytes). The model error,
-     tested in ``tests/test_layer_budget.py`` against ``measure_step``: the measured
-     peak at most 5 % above the prediction and the prediction at most 5 % above it
-     (on the benchmark's Llama all within 0.6 MiB, ``docs/integrations.md``);
-   * ``floor``: every gradient, held after the layers' backward.
+   * ``outside``, ``head``: step 4, the model outside its layers through the layers'
+     backward and, in addition, beside every layer's retained bytes before it. The
+     model error, tested in ``tests/test_layer_budget.py`` against ``measure_step``:
+     the measured peak at most 5 % above the prediction and the prediction at most 5 %
+     above it (``docs/integrations.md`` has the benchmark's figures);
+   * ``floor``: every gradient, held after the layers' backward, and the temporaries of
+     the optimizer's step (:attr:`StepMemory.step_temporaries`).
 
    **Engines.** A layer's engine options that keep no fewer bytes (retained and
    transient) than another engine's and are not faster by more than
@@ -77,7 +80,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ._peak import LiveBytesTracker, _default_loss, static_bytes
 from .calibrate.fingerprint import (
@@ -130,6 +133,25 @@ class StepMemory:
     AdamW (``exp_avg``, ``exp_avg_sq``), 1 for SGD with momentum, 0 for plain SGD."""
     extra: int = 0
     """Any other bytes held throughout (a data batch on the device, a queue)."""
+    step_temporaries: int = 2
+    """Tensors of the largest trainable parameter's size that ``optimizer.step()``
+    allocates at once, beside every gradient: 2 for torch's single-tensor Adam and AdamW
+    (the default on CPU), 0 for SGD. A ``foreach`` or fused step allocates per parameter
+    list: count those bytes in ``extra``."""
+
+    def floor(self, model: torch.nn.Module) -> int:
+        """The bytes held in ``optimizer.step()`` besides the persistent ones: every
+        gradient (unless ``grads`` holds them persistently) and the step's temporaries.
+
+        Args:
+            model: the whole model.
+
+        Returns:
+            Bytes.
+        """
+        sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+        grads = 0 if self.grads else sum(sizes)
+        return grads + self.step_temporaries * max(sizes, default=0)
 
     def bytes(self, model: torch.nn.Module) -> int:
         """The persistent bytes of ``model`` under this assumption.
@@ -171,6 +193,9 @@ class LayerPlan(Plan):
     ``StepMemory(grads=True)``: then they are part of ``step_bytes``)."""
     floor: int = 0
     """Bytes held after the layers' backward besides ``persistent`` (every gradient)."""
+    head_bytes: int = 0
+    """Bytes beside every layer's retained bytes before the last layer's backward (the
+    head's logits, the loss's backward), besides ``persistent``."""
     layer_options: list[list[Option]] = field(default_factory=list)
     """Each layer's options as planned (after dropping the beaten engines)."""
 
@@ -191,8 +216,9 @@ class LayerPlan(Plan):
             )
         lines.append(
             f"  peak = step {_mib(self.step_bytes)} + outside the layers "
-            f"{_mib(self.outside_bytes)} + max over layers i (retained up to i + transient "
-            f"of i + gradients after i) {_mib(self.peak - self.persistent)} MiB (retained "
+            f"{_mib(self.outside_bytes)} + max(head {_mib(self.head_bytes)} + retained, over "
+            f"layers i: retained up to i + transient of i + gradients after i) "
+            f"{_mib(self.peak - self.persistent)} MiB (retained "
             f"{_mib(self.retained)}, max transient {_mib(self.transient)}, gradients "
             f"{_mib(sum(self.grads))}); smallest feasible budget {_mib(self.min_budget)} MiB"
         )
@@ -325,18 +351,42 @@ def _calibrate_groups(
 
 
 def _measure_outside(
-    model: torch.nn.Module, call: Callable[[], Any], loss_fn: Callable[[Any], torch.Tensor]
-) -> int:
-    """Tracked peak of one training step with every layer kept, gradients cleared first
-    (they count from their creation on)."""
+    model: torch.nn.Module,
+    last: torch.nn.Module,
+    call: Callable[[], Any],
+    loss_fn: Callable[[Any], torch.Tensor],
+) -> tuple[int, int]:
+    """Tracked peaks of one training step with every layer kept, gradients cleared first
+    (they count from their creation on): (until the gradient of ``last``'s output, the
+    head's phase; from there on), each with the parameters and buffers."""
     with _Kept([model], None):
         for p in model.parameters():
             p.grad = None
         static = static_bytes([*model.parameters(), *model.buffers()])
         tracker = LiveBytesTracker()
-        with torch.enable_grad(), tracker:
-            loss_fn(call()).backward()
-        return static + tracker.peak
+        split: list[int] = []
+
+        def at_output_grad(grad: torch.Tensor) -> None:
+            if not split:
+                tracker.sample()
+                split.append(tracker.peak)
+                tracker.mark()
+
+        def on_output(module, args, out) -> None:
+            found = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if found and found[0].requires_grad:
+                found[0].register_hook(at_output_grad)
+
+        handle = last.register_forward_hook(on_output)
+        try:
+            with torch.enable_grad(), tracker:
+                loss_fn(call()).backward()
+        finally:
+            handle.remove()
+        tracker.sample()
+        if not split:  # the hook did not run: one phase
+            return static + tracker.peak, static + tracker.peak
+        return static + split[0], static + tracker.window_peak
 
 
 def _costs_doc(model, names, prints, groups, group_costs, outside, device) -> dict[str, Any]:
@@ -490,10 +540,16 @@ def plan_layers(
         )
         eager = [_eager(g["options"], names[i]) for g, i in zip(group_costs, order, strict=True)]
         base = StepMemory(optimizer_slots=0).bytes(model)
+        kept = [eager[g] for g in groups]
         cleared = _layer_grads(layers)
-        kept = base + ordered_peak([eager[g] for g in groups], cleared, floor=_trainable(model))
-        measured = _measure_outside(model, call, loss_fn)
-        outside = {"bytes": max(0, measured - kept), "measured_all_kept": measured}
+        layers_kept = ordered_peak(kept, cleared, floor=StepMemory(step_temporaries=0).floor(model))
+        head_phase, rest = _measure_outside(model, layers[-1], call, loss_fn)
+        low = max(0, rest - base - layers_kept)
+        outside = {
+            "bytes": low,
+            "head": max(0, head_phase - base - low - sum(o.retained for o in kept)),
+            "measured_all_kept": max(head_phase, rest),
+        }
         doc = _costs_doc(model, names, prints, groups, group_costs, outside, device)
     if out is not None:
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")
@@ -504,11 +560,12 @@ def plan_layers(
     else:
         step = memory.bytes(model)
     grads = [0] * len(layers) if memory.grads else _layer_grads(layers)
-    floor = 0 if memory.grads else _trainable(model)
+    floor = memory.floor(model)
     outside_bytes = int(doc["outside"]["bytes"])
+    head = int(doc["outside"].get("head", 0))
     try:
         chosen = plan_ordered(
-            options, grads, budget=budget, persistent=step + outside_bytes, floor=floor
+            options, grads, budget=budget, persistent=step + outside_bytes, floor=floor, head=head
         )
     except InfeasibleBudgetError as e:
         raise InfeasibleBudgetError(
@@ -529,6 +586,7 @@ def plan_layers(
         outside_bytes=outside_bytes,
         grads=grads,
         floor=floor,
+        head_bytes=head,
         layer_options=options,
     )
 
@@ -538,10 +596,6 @@ def _layer_grads(layers: Sequence[torch.nn.Module]) -> list[int]:
     return [
         sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad) for m in layers
     ]
-
-
-def _trainable(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
 def _eager(options: Sequence[Mapping[str, Any]], name: str) -> Option:

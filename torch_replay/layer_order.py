@@ -12,11 +12,14 @@ backward (its re-run included, when checkpointed), what is alive is
   ``grads[j]`` bytes each (0 when the step holds every gradient throughout: they are
   then persistent bytes);
 * the persistent bytes (parameters, buffers, optimizer state, what the model keeps
-  outside its layers).
+  outside its layers through their backward).
 
-So the peak of a choice of options is
+Before the last layer's backward, the head's backward runs beside every layer's retained
+bytes: ``head`` more bytes (the logits, their gradient, the loss's temporaries). So the
+peak of a choice of options is
 
-    persistent + max(floor, max_i (sum_{j<=i} retained_j + transient_i + sum_{j>i} grads_j))
+    persistent + max(floor, head + sum_j retained_j,
+                     max_i (sum_{j<=i} retained_j + transient_i + sum_{j>i} grads_j))
 
 where ``floor`` is what the step holds after the layers (every gradient). A layer
 checkpointed with the journal pays its own log: the layers' declared states are their own
@@ -28,8 +31,8 @@ figure (a calibrated ``transient`` is the larger of the forward's and the backwa
 :func:`plan_ordered` minimises the summed time under ``peak <= budget`` exactly by a
 dynamic program over the layers in program order whose states are the Pareto frontier
 of (retained so far, peak so far, time so far): the constraint at layer ``i`` depends on
-the past only through the retained sum, and a state worse in all three can never lead
-to a better plan. Among the plans of least time it returns the one of lowest peak (then
+the past only through the retained sum (and so does the head's term), and a state worse
+in all three can never lead to a better plan. Among the plans of least time it returns the one of lowest peak (then
 the first option positions among those the frontier kept).
 """
 
@@ -59,7 +62,12 @@ def _suffix(grads: Sequence[int]) -> list[int]:
 
 
 def ordered_peak(
-    chosen: Sequence[Option], grads: Sequence[int], *, persistent: int = 0, floor: int = 0
+    chosen: Sequence[Option],
+    grads: Sequence[int],
+    *,
+    persistent: int = 0,
+    floor: int = 0,
+    head: int = 0,
 ) -> int:
     """The peak of a choice of options, one per layer in program order (Note [Ordered
     layer peak]).
@@ -70,6 +78,8 @@ def ordered_peak(
             them throughout).
         persistent: bytes held through the whole step.
         floor: bytes held after the layers' backward (every gradient), a lower bound.
+        head: bytes alive beside every layer's retained bytes before the last layer's
+            backward (the head's logits, the loss's backward).
 
     Returns:
         Bytes.
@@ -81,7 +91,7 @@ def ordered_peak(
     for o, a in zip(chosen, after, strict=True):
         held += o.retained
         top = max(top, held + o.transient + a)
-    return persistent + top
+    return persistent + max(top, held + head)
 
 
 def plan_ordered(
@@ -91,6 +101,7 @@ def plan_ordered(
     budget: int,
     persistent: int = 0,
     floor: int = 0,
+    head: int = 0,
 ) -> Plan:
     """Choose one option per layer: least total time with :func:`ordered_peak` within
     ``budget`` (exact; Note [Ordered layer peak]).
@@ -101,6 +112,8 @@ def plan_ordered(
         budget: memory budget of the step in bytes.
         persistent: bytes held through the whole step.
         floor: bytes held after the layers' backward.
+        head: bytes alive beside every layer's retained bytes before the last layer's
+            backward.
 
     Returns:
         The :class:`~torch_replay.Plan` (``objective="ordered"``; ``peak`` is
@@ -122,14 +135,17 @@ def plan_ordered(
     states = [(0, floor, 0.0, ())]
     lean = [(0, floor)]  # the same without the budget: (retained, peak), for min_budget
     sizes, generated = [], 0
-    for seg, a in zip(segments, after, strict=True):
+    last = len(segments) - 1
+    for i, (seg, a) in enumerate(zip(segments, after, strict=True)):
         grown = []
         for held, top, spent, path in states:
             for k, o in enumerate(seg):
                 peak = max(top, held + o.retained + o.transient + a)
-                if peak <= room:
+                if peak <= room and held + o.retained + head <= room:
                     grown.append((held + o.retained, peak, spent + o.time, (*path, k)))
         generated += len(grown)
+        if i == last:  # every layer's retained bytes and the head's
+            grown = [(h, max(t, h + head), c, p) for h, t, c, p in grown]
         states = _pareto(grown)
         sizes.append(len(states))
         lean = _pareto2(
@@ -139,7 +155,7 @@ def plan_ordered(
                 for o in seg
             ]
         )
-    min_budget = persistent + min(t for _, t in lean)
+    min_budget = persistent + min(max(t, h + head) for h, t in lean)
     seconds = _time.perf_counter() - start
     if not states:
         raise InfeasibleBudgetError(
