@@ -35,7 +35,7 @@ take keyword arguments (masks, position embeddings) and the model runs code betw
      optimizer's slots (``optimizer_slots x`` the trainable bytes: AdamW's ``exp_avg``
      and ``exp_avg_sq`` exist from the first step on) and ``extra``; gradients only with
      ``grads=True`` (a step that holds them throughout). By default the step clears them
-     (``zero_grad(set_to_none=True)``, torch's default), so they are not persistent:
+     (``zero_grad(set_to_none=True)``, torch's default), so they are not persistent;
    * ``grads_j``: layer ``j``'s gradients, alive from its backward on. Counting every
      gradient as persistent (as the first version of this planner did) over-predicts the
      peak by the gradients of the layers not yet differentiated at the peak: up to
@@ -50,7 +50,9 @@ take keyword arguments (masks, position embeddings) and the model runs code betw
      the measured peak at most 5 % above the prediction and the prediction at most 5 %
      above it (``docs/integrations.md`` has the benchmark's figures);
    * ``floor``: every gradient, held after the layers' backward, and the temporaries of
-     the optimizer's step (:attr:`StepMemory.step_temporaries`).
+     the optimizer's step (:attr:`StepMemory.step_temporaries`); ``outside`` is added
+     to it too (it holds the head's gradients), an over-count by what else it holds
+     where the optimizer's step is the peak (small models).
 
    **Engines.** A layer's engine options that keep no fewer bytes (retained and
    transient) than another engine's and are not faster by more than
