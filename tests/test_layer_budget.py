@@ -357,23 +357,24 @@ def test_predicted_peak_is_close_to_the_measured_step(tmp_path, one_thread):
 
 
 def _rig_times(path, faster=("snapshot", "readset")):
-    """The costs with the engines that copy the state made 3 % faster than the fastest of
-    the others: within calibration noise, so they must not win on time alone."""
+    """The costs with the engines that copy the state made 30 % faster than the fastest
+    of the others (calibrated times of engines doing the same work differ that much on a
+    shared machine): they must not win on time for a layer that writes no state."""
     doc = json.loads(path.read_text())
     for group in doc["groups"]:
         opts = group["options"]
         lean = min(o["time"] for o in opts if o["name"] not in ("eager", *faster))
         for o in opts:
             if o["name"] in faster:
-                o["time"] = lean * (1 - 0.6 * layer_budget.TIME_TOLERANCE)
+                o["time"] = lean * 0.7
     path.write_text(json.dumps(doc))
 
 
 def test_unwritten_layer_state_gets_an_engine_that_keeps_nothing(tmp_path, one_thread):
     """A Llama layer's declared state (its parameters) is not written by its forward, so
     guard and journal keep no engine bytes for it while snapshot copies it (measured
-    below); with snapshot's calibrated time within noise of theirs, the plan's measured
-    step holds no engine bytes."""
+    below); with snapshot's calibrated time 30 % below theirs, the plan's measured step
+    still holds no engine bytes."""
     from torch_replay.integrations import transformers as tr_hf
 
     kept = {}

@@ -54,13 +54,16 @@ take keyword arguments (masks, position embeddings) and the model runs code betw
      to it too (it holds the head's gradients), an over-count by what else it holds
      where the optimizer's step is the peak (small models).
 
-   **Engines.** A layer's engine options that keep no fewer bytes (retained and
-   transient) than another engine's and are not faster by more than
-   :data:`~torch_replay.layer_order.TIME_TOLERANCE` are dropped before planning
-   (:func:`~torch_replay.layer_order.lean_options`): for a layer whose declared state
-   its forward does not write (a Llama layer's parameters), ``guard`` and ``journal``
-   keep nothing beyond the layer's input while ``snapshot`` and ``readset`` copy the
-   state, and their calibrated times differ by noise, not work. Times are the thread's
+   **Engines.** For a layer whose declared state its forward does not write (the
+   calibration's engines saw no declared write: a Llama layer's parameters), nothing is
+   restored before its re-run, so an engine that keeps more bytes than another valid
+   one buys nothing: ``guard`` and ``journal`` keep nothing beyond the layer's input,
+   ``snapshot`` and ``readset`` copy the state; such engines are dropped before
+   planning, whatever their calibrated times (which differ by noise, not work: tens of
+   percent between engines on a shared machine). For a layer that writes its state,
+   an engine is dropped where another keeps fewer bytes and is not slower by more than
+   :data:`~torch_replay.layer_order.TIME_TOLERANCE`
+   (:func:`~torch_replay.layer_order.lean_options`). Times are the thread's
    CPU time when torch computes on one thread (``SegmentRunner.profile_step``), so
    other processes on the machine do not decide between engines. Each journaled layer
    pays its own log (the layers' declared states are their own). An infeasible budget
@@ -348,7 +351,11 @@ def _calibrate_groups(
     for bound, state, x in zip(reps, states, inputs, strict=True):
         with torch.enable_grad():
             doc = calibrate_model([bound], x, state=state, **kw)
-        out.append({"options": doc["model"]["segments"][0], "config": doc["config"]})
+        runs = [r for r in doc["model"]["options"].values() if r.get("written_bytes")]
+        written = max((r["written_bytes"][0] for r in runs), default=None)
+        out.append(
+            {"options": doc["model"]["segments"][0], "config": doc["config"]} | {"written": written}
+        )
     return out
 
 
@@ -555,7 +562,13 @@ def plan_layers(
         doc = _costs_doc(model, names, prints, groups, group_costs, outside, device)
     if out is not None:
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")
-    options = [lean_options([Option(**o) for o in doc["groups"][g]["options"]]) for g in groups]
+    options = [
+        lean_options(
+            [Option(**o) for o in doc["groups"][g]["options"]],
+            unwritten=doc["groups"][g].get("written") == 0,
+        )
+        for g in groups
+    ]
     memory = step_memory if isinstance(step_memory, StepMemory) else StepMemory()
     if isinstance(step_memory, int) and not isinstance(step_memory, bool):
         step = step_memory

@@ -221,13 +221,16 @@ def _pareto2(states: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return kept
 
 
-def lean_options(options: list[Option]) -> list[Option]:
+def lean_options(options: list[Option], *, unwritten: bool = False) -> list[Option]:
     """A layer's options without the engines another engine beats: one that keeps fewer
-    bytes (no more retained and transient, not both equal) and is not slower by more than
-    :data:`TIME_TOLERANCE` (Note [Layer plans] in ``layer_budget.py``, Engines).
+    bytes (no more retained and transient, not both equal) and, unless the layer's
+    declared state is ``unwritten``, is not slower by more than :data:`TIME_TOLERANCE`
+    (Note [Layer plans] in ``layer_budget.py``, Engines).
 
     Args:
         options: the layer's options.
+        unwritten: the layer's forward writes none of its declared state (nothing is
+            restored before its re-run, so bytes decide between engines).
 
     Returns:
         The options kept (``eager`` always), in their order.
@@ -240,7 +243,7 @@ def lean_options(options: list[Option]) -> list[Option]:
             and a.retained <= b.retained
             and a.transient <= b.transient
             and (a.retained, a.transient) != (b.retained, b.transient)
-            and a.time <= b.time * (1 + TIME_TOLERANCE)
+            and (unwritten or a.time <= b.time * (1 + TIME_TOLERANCE))
             for a in options
         )
 
