@@ -154,7 +154,9 @@ def _stride_budget(free, k: int) -> int:
             chosen.append(min(engines, key=lambda o: (o.retained + o.transient, o.time)))
         else:
             chosen.append(next(o for o in opts if o.name == "eager"))
-    return ordered_peak(chosen, free.grads, persistent=free.persistent, floor=free.floor)
+    return ordered_peak(
+        chosen, free.grads, persistent=free.persistent, floor=free.floor, head=free.head_bytes
+    )
 
 
 def child(args) -> None:
