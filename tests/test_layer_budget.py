@@ -396,3 +396,42 @@ def test_unwritten_layer_state_gets_an_engine_that_keeps_nothing(tmp_path, one_t
     opt, step = _hf_step(model)
     report = measure_step(step, model, optimizer=opt, plan=plan)
     assert report.engine_peak == 0, str(plan)
+
+
+def test_ordered_planner_is_the_brute_force_optimum():
+    """``plan_ordered`` against every choice enumerated: the least time among the choices
+    whose ordered peak fits, the lowest such peak among those, and the smallest budget."""
+    import random
+
+    from torch_replay.layer_order import plan_ordered
+
+    rng = random.Random(7)
+    for _ in range(40):
+        n = rng.randint(1, 5)
+        options = [
+            [tr.Option("eager", retained=rng.randint(5, 40), transient=rng.randint(1, 9), time=1)]
+            + [
+                tr.Option(name, retained=rng.randint(0, 6), transient=rng.randint(5, 50),
+                          time=rng.randint(2, 6))
+                for name in rng.sample(["snapshot", "journal", "guard"], rng.randint(1, 2))
+            ]
+            for _ in range(n)
+        ]  # fmt: skip
+        grads = [rng.randint(0, 12) for _ in range(n)]
+        kw = dict(persistent=rng.randint(0, 20), floor=rng.randint(0, 30), head=rng.randint(0, 9))
+        every = [
+            (sum(o.time for o in c), ordered_peak(list(c), grads, **kw))
+            for c in itertools.product(*options)
+        ]
+        smallest = min(p for _, p in every)
+        for budget in (smallest - 1, smallest, smallest + rng.randint(0, 60)):
+            fits = [(t, p) for t, p in every if p <= budget]
+            if not fits:
+                with pytest.raises(tr.InfeasibleBudgetError) as e:
+                    plan_ordered(options, grads, budget=budget, **kw)
+                assert e.value.min_budget == smallest
+                continue
+            got = plan_ordered(options, grads, budget=budget, **kw)
+            assert (got.time, got.peak) == min(fits)
+            assert got.peak == ordered_peak(got.options, grads, **kw)
+            assert got.min_budget == smallest
