@@ -15,8 +15,10 @@ Models (transformers, built from configs, no downloads; dropout on):
 Rows, each run in its own fresh process per round (rounds interleaved, the order
 rotated): no checkpointing; transformers' own checkpointing (torch.utils.checkpoint)
 every layer and ``every_n_layers`` 2, 3, 4; our plan (``tr_hf.enable(model,
-budget=...)``) at 5 budgets from "every layer checkpointed" (the plan's smallest
-feasible budget) to "nothing checkpointed" (the all-kept peak), planned from one costs
+budget=...)``) at the plan's smallest feasible budget, at the predicted peaks of
+``every_n_layers`` 2, 3, 4's layouts (each checkpointed layer with its leanest engine: a
+budget at which the plan can do what that row does) and at the all-kept peak (nothing
+checkpointed), planned from one costs
 file calibrated first in its own process; ``torch.compile`` of the model with
 ``torch._functorch.config.activation_memory_budget`` 1.0, 0.7, 0.5, 0.3; our plan at the
 middle budget inside ``torch.compile``.
@@ -52,6 +54,7 @@ import time
 from benchmarks.cli import add_out_quick, child_env, emit, run_module
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+HF_STRIDES = (2, 3, 4)
 QUICK_FRACTIONS = (0.0, 0.5, 1.0)
 COMPILE_BUDGETS = (1.0, 0.7, 0.5, 0.3)
 
@@ -138,6 +141,24 @@ def _turn_on(model, batch, loss_fn, row: str, costs: str):
     return step_model, plan
 
 
+def _stride_budget(free, k: int) -> int:
+    """The predicted peak of transformers' ``every_n_layers=k`` layout (layer ``i``
+    checkpointed when ``i % k == 0``) with each checkpointed layer's leanest engine:
+    a budget at which our plan can do at least what that row does."""
+    from torch_replay.layer_order import ordered_peak
+
+    chosen = []
+    for i, opts in enumerate(free.layer_options):
+        engines = [o for o in opts if o.name != "eager"]
+        if i % k == 0 and engines:
+            chosen.append(min(engines, key=lambda o: (o.retained + o.transient, o.time)))
+        else:
+            chosen.append(next(o for o in opts if o.name == "eager"))
+    return ordered_peak(
+        chosen, free.grads, persistent=free.persistent, floor=free.floor, head=free.head_bytes
+    )
+
+
 def child(args) -> None:
     import torch
 
@@ -154,7 +175,13 @@ def child(args) -> None:
             model, budget=1 << 50, example_batch=batch, loss_fn=loss_fn, calibration=calibration
         )
         seconds = time.perf_counter() - t0
-        print(json.dumps({"min": free.min_budget, "max": free.peak, "seconds": seconds}))
+        strides = {k: _stride_budget(free, k) for k in HF_STRIDES}
+        print(
+            json.dumps(
+                {"min": free.min_budget, "max": free.peak, "seconds": seconds}
+                | {"strides": strides}
+            )
+        )
         return
     step_model, plan = _turn_on(model, batch, loss_fn, args.row, args.costs)
     torch.manual_seed(5)
@@ -174,15 +201,20 @@ def child(args) -> None:
         opt.step()
 
     step()  # warm-up; the optimizer's state exists from here
-    times, peaks = [], []
+    times, cpu, peaks = [], [], []
     for _ in range(args.steps):
         opt.zero_grad(set_to_none=True)
         base = _rss_reset()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         step()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
         peaks.append(_status_kib("VmHWM") * 1024 - base)
-    out = {"time": statistics.median(times), "peak": statistics.median(peaks)}
+    out = {
+        "time": statistics.median(times),
+        "cpu": statistics.median(cpu),
+        "peak": statistics.median(peaks),
+    }
     if plan is not None:
         from torch_replay.layer_budget import StepMemory
 
@@ -198,17 +230,20 @@ def child(args) -> None:
 # ------------------------------------------------------------------ the parent
 
 
-def _rows(lo: int, hi: int, compiled: bool, quick: bool) -> list[tuple[str, str]]:
+def _rows(cal: dict, compiled: bool, quick: bool) -> list[tuple[str, str]]:
+    lo, hi = cal["min"], cal["max"]
     rows = [("no checkpointing", "none")]
-    rows += [(f"HF every_n_layers={k}", f"hf:{k}") for k in ((1,) if quick else (1, 2, 3, 4))]
-    budgets = [int(lo + f * (hi - lo)) for f in (QUICK_FRACTIONS if quick else FRACTIONS)]
+    rows += [(f"HF every_n_layers={k}", f"hf:{k}") for k in ((1,) if quick else (1, *HF_STRIDES))]
+    if quick:
+        budgets = [int(lo + f * (hi - lo)) for f in QUICK_FRACTIONS]
+    else:  # the extremes and the predicted peaks of every_n_layers=2, 3, 4's layouts
+        budgets = sorted({lo, hi, *(min(hi, max(lo, b)) for b in cal["strides"].values())})
     rows += [(f"ours, budget {b / 2**20:.1f} MiB", f"ours:{b}") for b in budgets]
     if not compiled:
         return rows
     rows += [(f"compile, memory budget {f}", f"compile:{f}") for f in COMPILE_BUDGETS]
-    rows.append(
-        (f"ours in compile, budget {budgets[2] / 2**20:.1f} MiB", f"ours+compile:{budgets[2]}")
-    )
+    mid = budgets[len(budgets) // 2]
+    rows.append((f"ours in compile, budget {mid / 2**20:.1f} MiB", f"ours+compile:{mid}"))
     return rows
 
 
@@ -237,11 +272,12 @@ def _compare(ref: dict, got: dict) -> tuple[bool, float, bool]:
 def bench_model(model: str, args, tmp: str) -> dict:
     import torch
 
+    load0 = os.getloadavg()[0]
     costs = os.path.join(tmp, f"{model}_costs.json")
     cal = _run_child(model, "calibrate", costs, "", args)
     if "error" in cal:
         raise RuntimeError(f"calibration of {model} failed: {cal['error']}")
-    rows = _rows(cal["min"], cal["max"], args.compile_rounds > 0, args.quick)
+    rows = _rows(cal, args.compile_rounds > 0, args.quick)
     runs: dict[str, list[dict]] = {row: [] for _, row in rows}
     for r in range(args.rounds):
         order = rows[r % len(rows) :] + rows[: r % len(rows)]
@@ -266,6 +302,7 @@ def bench_model(model: str, args, tmp: str) -> dict:
             table.append(entry)
             continue
         entry["time"] = statistics.median(x["time"] for x in ok)
+        entry["cpu"] = statistics.median(x["cpu"] for x in ok)
         entry["peak"] = statistics.median(x["peak"] for x in ok)
         for k in ("predicted", "tracked", "choices"):
             if k in ok[0]:
@@ -275,7 +312,12 @@ def bench_model(model: str, args, tmp: str) -> dict:
         if "compile" in row and ref_compile is not None:
             entry["vs_compile_1"] = _compare(ref_compile, got)[1]
         table.append(entry)
-    return {"model": model, "calibration_s": cal["seconds"], "rows": table}
+    return {
+        "model": model,
+        "calibration_s": cal["seconds"],
+        "load": [os.getloadavg()[0], load0],
+        "rows": table,
+    }
 
 
 def markdown(results: list[dict], command: str, args) -> str:
@@ -296,20 +338,22 @@ def markdown(results: list[dict], command: str, args) -> str:
     for res in results:
         lines += [
             "",
-            f"### {res['model']} (calibration {res['calibration_s']:.1f} s)",
+            f"### {res['model']} (calibration {res['calibration_s']:.1f} s; load average "
+            f"{res['load'][1]:.1f} at the start, {res['load'][0]:.1f} at the end)",
             "",
-            "| row | step s | peak MiB | predicted MiB | tracked MiB | plan | grads = eager | "
-            "max grad diff | buffers = eager | diff vs compile 1.0 |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| row | step s | cpu s | peak MiB | predicted MiB | tracked MiB | plan | "
+            "grads = eager | max grad diff | buffers = eager | diff vs compile 1.0 |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for e in res["rows"]:
             if "error" in e:
-                lines.append(f"| {e['row']} | failed: {e['error']} |" + " |" * 8)
+                lines.append(f"| {e['row']} | failed: {e['error']} |" + " |" * 9)
                 continue
             mib = lambda k, e=e: f"{e[k] / 2**20:.1f}" if k in e else ""  # noqa: E731
             vs = f"{e['vs_compile_1']:.2g}" if "vs_compile_1" in e else ""
             lines.append(
-                f"| {e['row']} | {e['time']:.3f} | {mib('peak')} | {mib('predicted')} | "
+                f"| {e['row']} | {e['time']:.3f} | {e['cpu']:.3f} | {mib('peak')} | "
+                f"{mib('predicted')} | "
                 f"{mib('tracked')} | {e.get('choices', '')} | {e['bitwise']} | "
                 f"{e['max_diff']:.2g} | {e['buffers']} | {vs} |"
             )

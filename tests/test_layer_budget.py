@@ -28,12 +28,15 @@ import torch_replay as tr
 from benchmarks.models import PreNormBlock, ResBlock
 from tests.reference import assert_bitwise
 from torch_replay import layer_budget
-from torch_replay.planner import plan_peak
+from torch_replay.layer_order import ordered_peak
 from torch_replay.step_peak import measure_step
 
 MODEL_ERROR = 0.05
 """The stated model error: a measured step's peak stays within 5 % above the prediction
 (docs/integrations.md, "Budgets")."""
+
+TIGHTNESS = 0.05
+"""The prediction stays within 5 % above the measured peak (Note [Layer plans])."""
 
 QUICK = {"quick": True}
 
@@ -133,7 +136,10 @@ def test_identical_layers_are_calibrated_once(monkeypatch, one_thread):
 def test_infeasible_budget_refused_with_the_minimum_model_unchanged(tmp_path, one_thread):
     path, free = _costs(tmp_path)
     options = [list(o) for o in _options_from(path)]
-    brute = min(plan_peak(list(chosen), free.persistent) for chosen in itertools.product(*options))
+    brute = min(
+        ordered_peak(list(c), free.grads, persistent=free.persistent, floor=free.floor)
+        for c in itertools.product(*options)
+    )
     model = Net()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(tr.InfeasibleBudgetError) as e:
@@ -240,10 +246,11 @@ def test_hf_enable_budget_applies_the_plan_and_fits(tmp_path, one_thread):
     plan = tr_hf.enable(model, budget=free.min_budget, example_batch=_batch(), costs=path)
     layers = tr_hf.layers(model)
     assert [m.gradient_checkpointing for m in layers] == [c != "eager" for c in plan.choices]
-    assert all(m.gradient_checkpointing for m in layers)  # the smallest budget: all
+    assert any(m.gradient_checkpointing for m in layers)  # the smallest budget
     assert all(
         m._gradient_checkpointing_func.keywords["replay_engine"] == c
         for m, c in zip(layers, plan.choices, strict=True)
+        if c != "eager"
     )
     opt = torch.optim.AdamW(model.parameters())
 
@@ -277,7 +284,7 @@ def test_hf_budget_gradients_equal_transformers_checkpointing(one_thread):
         torch.manual_seed(5)
         m(**_batch()).loss.backward()
         grads.append([p.grad for p in m.parameters()])
-    assert all(c != "eager" for c in plan.choices)
+    assert any(c != "eager" for c in plan.choices)
     assert_bitwise(grads[0], grads[1])
 
 
@@ -309,5 +316,122 @@ def test_quick_layer_budget_benchmark_rows_against_eager_computed_here(tmp_path,
         if e["key"].startswith("ours"):
             assert same, e["row"]
             assert e["tracked"] <= e["predicted"] * (1 + MODEL_ERROR), e
-    assert "E" not in rows[2]["choices"]  # the smallest feasible budget: every layer checkpointed
+    assert set(rows[4]["choices"]) == {"E"}  # the all-kept budget
     assert out.read_text().count("| ours, budget") == 3
+
+
+# ------------------------------------------------- the model against the measured step
+
+
+def _hf_step(model):
+    opt = torch.optim.AdamW(model.parameters())
+
+    def step():
+        opt.zero_grad()  # set_to_none=True: gradients appear during backward
+        model(**_batch()).loss.backward()
+        opt.step()
+
+    step()  # the optimizer's state exists from here, as in training
+    return opt, step
+
+
+def test_predicted_peak_is_close_to_the_measured_step(tmp_path, one_thread):
+    """At the smallest feasible budget, halfway and all kept, the measured peak of a real
+    step (``measure_step``: tensor storages and engine bytes) is within the stated model
+    error below the prediction and the prediction within ``TIGHTNESS`` above it (counting
+    every gradient as held through the step over-predicted by the gradients of the layers
+    not yet differentiated at the peak)."""
+    from torch_replay.integrations import transformers as tr_hf
+
+    path = tmp_path / "llama.json"
+    free = tr_hf.enable(
+        _llama(), budget=1 << 40, example_batch=_batch(), calibration={**QUICK, "out": path}
+    )
+    for budget in (free.min_budget, (free.min_budget + free.peak) // 2, free.peak):
+        model = _llama()
+        plan = tr_hf.enable(model, budget=budget, example_batch=_batch(), costs=path)
+        opt, step = _hf_step(model)
+        report = measure_step(step, model, optimizer=opt, plan=plan)
+        assert report.measured_peak <= plan.peak * (1 + MODEL_ERROR), (budget, str(plan))
+        assert plan.peak <= report.measured_peak * (1 + TIGHTNESS), (budget, str(report))
+
+
+def _rig_times(path, faster=("snapshot", "readset")):
+    """The costs with the engines that copy the state made 30 % faster than the fastest
+    of the others (calibrated times of engines doing the same work differ that much on a
+    shared machine): they must not win on time for a layer that writes no state."""
+    doc = json.loads(path.read_text())
+    for group in doc["groups"]:
+        opts = group["options"]
+        lean = min(o["time"] for o in opts if o["name"] not in ("eager", *faster))
+        for o in opts:
+            if o["name"] in faster:
+                o["time"] = lean * 0.7
+    path.write_text(json.dumps(doc))
+
+
+def test_unwritten_layer_state_gets_an_engine_that_keeps_nothing(tmp_path, one_thread):
+    """A Llama layer's declared state (its parameters) is not written by its forward, so
+    guard and journal keep no engine bytes for it while snapshot copies it (measured
+    below); with snapshot's calibrated time 30 % below theirs, the plan's measured step
+    still holds no engine bytes."""
+    from torch_replay.integrations import transformers as tr_hf
+
+    kept = {}
+    for engine in ("snapshot", "journal", "guard"):
+        model = _llama()
+        tr_hf.enable(model, replay_engine=engine)
+        opt, step = _hf_step(model)
+        kept[engine] = measure_step(step, model, optimizer=opt).engine_peak
+    assert kept["snapshot"] > 0 and kept["journal"] == 0 and kept["guard"] == 0, kept
+    path = tmp_path / "llama.json"
+    free = tr_hf.enable(
+        _llama(), budget=1 << 40, example_batch=_batch(), calibration={**QUICK, "out": path}
+    )
+    _rig_times(path)
+    model = _llama()
+    budget = (free.min_budget + free.peak) // 2
+    plan = tr_hf.enable(model, budget=budget, example_batch=_batch(), costs=path)
+    assert any(c != "eager" for c in plan.choices), str(plan)
+    opt, step = _hf_step(model)
+    report = measure_step(step, model, optimizer=opt, plan=plan)
+    assert report.engine_peak == 0, str(plan)
+
+
+def test_ordered_planner_is_the_brute_force_optimum():
+    """``plan_ordered`` against every choice enumerated: the least time among the choices
+    whose ordered peak fits, the lowest such peak among those, and the smallest budget."""
+    import random
+
+    from torch_replay.layer_order import plan_ordered
+
+    rng = random.Random(7)
+    for _ in range(40):
+        n = rng.randint(1, 5)
+        options = [
+            [tr.Option("eager", retained=rng.randint(5, 40), transient=rng.randint(1, 9), time=1)]
+            + [
+                tr.Option(name, retained=rng.randint(0, 6), transient=rng.randint(5, 50),
+                          time=rng.randint(2, 6))
+                for name in rng.sample(["snapshot", "journal", "guard"], rng.randint(1, 2))
+            ]
+            for _ in range(n)
+        ]  # fmt: skip
+        grads = [rng.randint(0, 12) for _ in range(n)]
+        kw = dict(persistent=rng.randint(0, 20), floor=rng.randint(0, 30), head=rng.randint(0, 9))
+        every = [
+            (sum(o.time for o in c), ordered_peak(list(c), grads, **kw))
+            for c in itertools.product(*options)
+        ]
+        smallest = min(p for _, p in every)
+        for budget in (smallest - 1, smallest, smallest + rng.randint(0, 60)):
+            fits = [(t, p) for t, p in every if p <= budget]
+            if not fits:
+                with pytest.raises(tr.InfeasibleBudgetError) as e:
+                    plan_ordered(options, grads, budget=budget, **kw)
+                assert e.value.min_budget == smallest
+                continue
+            got = plan_ordered(options, grads, budget=budget, **kw)
+            assert (got.time, got.peak) == min(fits)
+            assert got.peak == ordered_peak(got.options, grads, **kw)
+            assert got.min_budget == smallest

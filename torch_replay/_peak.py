@@ -119,9 +119,10 @@ class SegmentProfile:
     """What one segment did during one profiled step."""
 
     forward_s: float = 0.0
-    """Wall time of the segment's forward."""
+    """Time of the segment's forward (the profiler's clock: wall time, or the thread's
+    CPU time when torch computes on one thread, ``SegmentRunner.profile_step``)."""
     backward_s: float = 0.0
-    """Wall time from the gradient of its output to the gradient of its input
+    """Time from the gradient of its output to the gradient of its input
     (its backward, including any replay)."""
     retained_tensor_bytes: int = 0
     """Tensor bytes its forward left alive (activations it saved and its output)."""
@@ -217,7 +218,13 @@ def _default_loss(out: Any) -> torch.Tensor:
 class _Profiler:
     """Per-segment timing and memory windows of one step (see profile_step)."""
 
-    def __init__(self, n: int, tracker: LiveBytesTracker | None) -> None:
+    def __init__(
+        self,
+        n: int,
+        tracker: LiveBytesTracker | None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._clock = clock
         self.tracker = tracker
         self.segments = [SegmentProfile() for _ in range(n)]
         self.n = n
@@ -239,11 +246,11 @@ class _Profiler:
         if self.tracker is not None:
             self._live0 = self.tracker.mark()
             self._tensor0 = self.tracker.tensor_live
-        self._t0 = time.perf_counter()
+        self._t0 = self._clock()
 
     def after_forward(self, i: int, h: Any, txn: Any) -> None:
         seg = self.segments[i]
-        seg.forward_s = time.perf_counter() - self._t0
+        seg.forward_s = self._clock() - self._t0
         if self.tracker is not None:
             tr_ = self.tracker
             tr_.sample()
@@ -265,7 +272,7 @@ class _Profiler:
         # The last segment's backward window opens here, not at its output's gradient:
         # the loss's own backward (the gradient of the output and the loss's
         # temporaries) then counts in its transient bytes, as it does in the step.
-        self._bwd_start[self.n - 1] = time.perf_counter()
+        self._bwd_start[self.n - 1] = self._clock()
         if self.tracker is not None:
             self._bwd_live0[self.n - 1] = self.tracker.mark()
         self._open = self.n - 1
@@ -283,7 +290,7 @@ class _Profiler:
         def hook(grad):
             if i == self.n - 1 and self._bwd_start[i] is not None:
                 return  # opened by before_backward
-            now = time.perf_counter()
+            now = self._clock()
             self._bwd_start[i] = now
             if self.tracker is not None:
                 self._bwd_live0[i] = self.tracker.mark()
@@ -294,7 +301,7 @@ class _Profiler:
     def _input_hook(self, i: int):
         # Fires when the gradient of segment i's input is complete: its backward is over.
         def hook(grad):
-            now = time.perf_counter()
+            now = self._clock()
             if self._bwd_end[i] is None:
                 self._bwd_end[i] = now
                 if self.tracker is not None and self._open == i:
@@ -305,7 +312,7 @@ class _Profiler:
         return hook
 
     def after_backward(self) -> None:
-        now = time.perf_counter()
+        now = self._clock()
         if self.tracker is not None and self._open is not None:
             self.tracker.sample()
             self._bwd_peak[self._open] = self.tracker.window_peak

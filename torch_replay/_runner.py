@@ -11,6 +11,7 @@ plans, so the calibration can use it without importing the planner's module
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -197,7 +198,11 @@ class SegmentRunner(torch.nn.Module):
         """
         loss_fn = loss_fn or _default_loss
         tracker = LiveBytesTracker(self._held_bytes) if track_memory else None
-        prof = _Profiler(len(self.choices), tracker)
+        # One intra-op thread: the step computes on this thread (autograd runs a CPU
+        # graph's backward on the calling thread), so its CPU time is the segments' work,
+        # robust to other processes on a shared machine; otherwise wall time.
+        one = torch.get_num_threads() == 1 and not torch.cuda.is_initialized()
+        prof = _Profiler(len(self.choices), tracker, time.thread_time if one else time.perf_counter)
         self._profile = prof
         try:
             if tracker is not None:

@@ -17,15 +17,57 @@ take keyword arguments (masks, position embeddings) and the model runs code betw
    as a one-segment workload with every option (``eager`` and the engines); its declared
    state is what the application declares (``replay_state``). Identical layers share the
    group's costs.
-4. **Outside bytes.** The model's memory outside its layers (embeddings, the head's
-   logits, the loss) is one tracked training step with every layer kept, minus what the
-   layer costs predict for it: ``outside = measured - (static + gradients + sum(eager
-   retained) + max(eager transient))`` (at least 0). The all-kept prediction is then the
-   measured step by construction; the other plans are predicted from the layer costs.
-5. **Plan** with the exact planner (:func:`torch_replay.plan`), persistent bytes =
-   :class:`StepMemory` (parameters, buffers, gradients, optimizer state as the user's step
-   holds them) + outside bytes. An infeasible budget raises
-   :class:`~torch_replay.InfeasibleBudgetError` before anything is changed.
+4. **Outside bytes.** The model's memory outside its layers is one tracked training step
+   with every layer kept and gradients cleared first, in two phases split at the
+   gradient of the last layer's output: until then (the forward and the head's backward:
+   the logits, their gradient, the loss) ``head = measured - (parameters and buffers +
+   outside + sum(eager retained))``; from then on (the layers' backward: the head's
+   gradients, what the embeddings keep) ``outside = measured - (parameters and buffers
+   + ordered peak of every layer kept)`` (each at least 0). The all-kept prediction is
+   then the measured step by construction; the other plans are predicted from the
+   layer costs.
+5. **Plan** with the exact ordered planner (:func:`torch_replay.layer_order.plan_ordered`,
+   Note [Ordered layer peak] there). The predicted peak is
+   ``step + outside + max(floor, head + sum_j retained_j, max_i (sum_{j<=i} retained_j
+   + transient_i + sum_{j>i} grads_j))``, whose terms are:
+
+   * ``step`` (:class:`StepMemory`): parameters and buffers (distinct storages), the
+     optimizer's slots (``optimizer_slots x`` the trainable bytes: AdamW's ``exp_avg``
+     and ``exp_avg_sq`` exist from the first step on) and ``extra``; gradients only with
+     ``grads=True`` (a step that holds them throughout). By default the step clears them
+     (``zero_grad(set_to_none=True)``, torch's default), so they are not persistent;
+   * ``grads_j``: layer ``j``'s gradients, alive from its backward on. Counting every
+     gradient as persistent (as the first version of this planner did) over-predicts the
+     peak by the gradients of the layers not yet differentiated at the peak: up to
+     all of them (24 MiB of the Llama benchmark's 140 MiB step);
+   * ``retained_j``, ``transient_i``: the calibration's costs of the layer's option
+     (``measure_segments``, gradients cleared, so a layer's ``transient`` holds the
+     gradients its backward creates; a checkpointed layer's ``retained`` is its input
+     plus what its engine preserves, its ``transient`` the re-run's activations);
+   * ``outside``, ``head``: step 4, the model outside its layers through the layers'
+     backward and, in addition, beside every layer's retained bytes before it. The
+     model error, tested in ``tests/test_layer_budget.py`` against ``measure_step``:
+     the measured peak at most 5 % above the prediction and the prediction at most 5 %
+     above it (``docs/integrations.md`` has the benchmark's figures);
+   * ``floor``: every gradient, held after the layers' backward, and the temporaries of
+     the optimizer's step (:attr:`StepMemory.step_temporaries`); ``outside`` is added
+     to it too (it holds the head's gradients), an over-count by what else it holds
+     where the optimizer's step is the peak (small models).
+
+   **Engines.** For a layer whose declared state its forward does not write (the
+   calibration's engines saw no declared write: a Llama layer's parameters), nothing is
+   restored before its re-run, so an engine that keeps more bytes than another valid
+   one buys nothing: ``guard`` and ``journal`` keep nothing beyond the layer's input,
+   ``snapshot`` and ``readset`` copy the state; such engines are dropped before
+   planning, whatever their calibrated times (which differ by noise, not work: tens of
+   percent between engines on a shared machine). For a layer that writes its state,
+   an engine is dropped where another keeps fewer bytes and is not slower by more than
+   :data:`~torch_replay.layer_order.TIME_TOLERANCE`
+   (:func:`~torch_replay.layer_order.lean_options`). Times are the thread's
+   CPU time when torch computes on one thread (``SegmentRunner.profile_step``), so
+   other processes on the machine do not decide between engines. Each journaled layer
+   pays its own log (the layers' declared states are their own). An infeasible budget
+   raises :class:`~torch_replay.InfeasibleBudgetError` before anything is changed.
 
 The costs (groups, outside bytes, the model's fingerprint) can be written to a file and
 given back (``costs=``); costs of another model raise
@@ -43,7 +85,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from ._peak import LiveBytesTracker, _default_loss, static_bytes
 from .calibrate.fingerprint import (
@@ -55,10 +97,12 @@ from .calibrate.fingerprint import (
     read_costs,
 )
 from .errors import CostsMismatchError, InfeasibleBudgetError
-from .planner import Option, Plan, plan
+from .layer_order import TIME_TOLERANCE, lean_options, ordered_peak, plan_ordered
+from .planner import Option, Plan
 
 __all__ = [
     "LAYER_SCHEMA",
+    "TIME_TOLERANCE",
     "LayerPlan",
     "StepMemory",
     "outermost",
@@ -67,8 +111,9 @@ __all__ = [
     "step_loss",
 ]
 
-LAYER_SCHEMA = "torch_replay.layer_costs/1"
-"""Version tag of a layer costs file."""
+LAYER_SCHEMA = "torch_replay.layer_costs/2"
+"""Version tag of a layer costs file (2: outside bytes measured with gradients cleared)."""
+
 
 _CACHE_KEYWORDS = {"use_cache": False, "past_key_values": None, "layer_past": None}
 
@@ -83,14 +128,35 @@ class StepMemory:
     parameters that require grad.
     """
 
-    grads: bool = True
-    """One ``.grad`` per trainable parameter through the step (conservative: with
-    ``zero_grad(set_to_none=True)`` they appear during backward)."""
+    grads: bool = False
+    """One ``.grad`` per trainable parameter held through the step (gradient
+    accumulation, ``zero_grad(set_to_none=False)``). False (default): the step clears
+    them first (``zero_grad(set_to_none=True)``, torch's default) and each layer's
+    gradients are charged from its backward on (Note [Layer plans])."""
     optimizer_slots: int = 2
     """Tensors of each trainable parameter's size the optimizer holds: 2 for Adam and
     AdamW (``exp_avg``, ``exp_avg_sq``), 1 for SGD with momentum, 0 for plain SGD."""
     extra: int = 0
     """Any other bytes held throughout (a data batch on the device, a queue)."""
+    step_temporaries: int = 2
+    """Tensors of the largest trainable parameter's size that ``optimizer.step()``
+    allocates at once, beside every gradient: 2 for torch's single-tensor Adam and AdamW
+    (the default on CPU), 0 for SGD. A ``foreach`` or fused step allocates per parameter
+    list: count those bytes in ``extra``."""
+
+    def floor(self, model: torch.nn.Module) -> int:
+        """The bytes held in ``optimizer.step()`` besides the persistent ones: every
+        gradient (unless ``grads`` holds them persistently) and the step's temporaries.
+
+        Args:
+            model: the whole model.
+
+        Returns:
+            Bytes.
+        """
+        sizes = [p.numel() * p.element_size() for p in model.parameters() if p.requires_grad]
+        grads = 0 if self.grads else sum(sizes)
+        return grads + self.step_temporaries * max(sizes, default=0)
 
     def bytes(self, model: torch.nn.Module) -> int:
         """The persistent bytes of ``model`` under this assumption.
@@ -127,6 +193,16 @@ class LayerPlan(Plan):
     """The :class:`StepMemory` part of ``persistent``."""
     outside_bytes: int = 0
     """The model's memory outside its layers (Note [Layer plans]), part of ``persistent``."""
+    grads: list[int] = field(default_factory=list)
+    """Each layer's gradient bytes, alive from its backward on (0 with
+    ``StepMemory(grads=True)``: then they are part of ``step_bytes``)."""
+    floor: int = 0
+    """Bytes held after the layers' backward besides ``persistent`` (every gradient)."""
+    head_bytes: int = 0
+    """Bytes beside every layer's retained bytes before the last layer's backward (the
+    head's logits, the loss's backward), besides ``persistent``."""
+    layer_options: list[list[Option]] = field(default_factory=list)
+    """Each layer's options as planned (after dropping the beaten engines)."""
 
     def __str__(self) -> str:
         fit = "fits" if self.fits else f"OVER by {_mib(self.overshoot)} MiB"
@@ -145,8 +221,11 @@ class LayerPlan(Plan):
             )
         lines.append(
             f"  peak = step {_mib(self.step_bytes)} + outside the layers "
-            f"{_mib(self.outside_bytes)} + retained {_mib(self.retained)} + max transient "
-            f"{_mib(self.transient)} MiB; smallest feasible budget {_mib(self.min_budget)} MiB"
+            f"{_mib(self.outside_bytes)} + max(head {_mib(self.head_bytes)} + retained, over "
+            f"layers i: retained up to i + transient of i + gradients after i) "
+            f"{_mib(self.peak - self.persistent)} MiB (retained "
+            f"{_mib(self.retained)}, max transient {_mib(self.transient)}, gradients "
+            f"{_mib(sum(self.grads))}); smallest feasible budget {_mib(self.min_budget)} MiB"
         )
         return "\n".join(lines)
 
@@ -272,23 +351,51 @@ def _calibrate_groups(
     for bound, state, x in zip(reps, states, inputs, strict=True):
         with torch.enable_grad():
             doc = calibrate_model([bound], x, state=state, **kw)
-        out.append({"options": doc["model"]["segments"][0], "config": doc["config"]})
+        runs = [r for r in doc["model"]["options"].values() if r.get("written_bytes")]
+        written = max((r["written_bytes"][0] for r in runs), default=None)
+        out.append(
+            {"options": doc["model"]["segments"][0], "config": doc["config"]} | {"written": written}
+        )
     return out
 
 
 def _measure_outside(
-    model: torch.nn.Module, call: Callable[[], Any], loss_fn: Callable[[Any], torch.Tensor]
-) -> int:
-    """Tracked peak of one training step with every layer kept (gradients held)."""
+    model: torch.nn.Module,
+    last: torch.nn.Module,
+    call: Callable[[], Any],
+    loss_fn: Callable[[Any], torch.Tensor],
+) -> tuple[int, int]:
+    """Tracked peaks of one training step with every layer kept, gradients cleared first
+    (they count from their creation on): (until the gradient of ``last``'s output, the
+    head's phase; from there on), each with the parameters and buffers."""
     with _Kept([model], None):
-        params = [p for p in model.parameters() if p.requires_grad]
-        for p in params:
-            p.grad = torch.zeros_like(p)
-        static = static_bytes([*model.parameters(), *model.buffers(), *(p.grad for p in params)])
+        for p in model.parameters():
+            p.grad = None
+        static = static_bytes([*model.parameters(), *model.buffers()])
         tracker = LiveBytesTracker()
-        with torch.enable_grad(), tracker:
-            loss_fn(call()).backward()
-        return static + tracker.peak
+        split: list[int] = []
+
+        def at_output_grad(grad: torch.Tensor) -> None:
+            if not split:
+                tracker.sample()
+                split.append(tracker.peak)
+                tracker.mark()
+
+        def on_output(module, args, out) -> None:
+            found = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+            if found and found[0].requires_grad:
+                found[0].register_hook(at_output_grad)
+
+        handle = last.register_forward_hook(on_output)
+        try:
+            with torch.enable_grad(), tracker:
+                loss_fn(call()).backward()
+        finally:
+            handle.remove()
+        tracker.sample()
+        if not split:  # the hook did not run: one phase
+            return static + tracker.peak, static + tracker.peak
+        return static + split[0], static + tracker.window_peak
 
 
 def _costs_doc(model, names, prints, groups, group_costs, outside, device) -> dict[str, Any]:
@@ -391,8 +498,9 @@ def plan_layers(
         budget: memory budget of one training step, in bytes.
         state_of: the declared state of a layer when checkpointed (``replay_state``).
         loss_fn: maps the model's output to the loss (default :func:`step_loss`).
-        step_memory: the persistent bytes: a :class:`StepMemory` (default: gradients
-            and two optimizer slots, as AdamW) or an exact byte count.
+        step_memory: the persistent bytes: a :class:`StepMemory` (default: two
+            optimizer slots, as AdamW, gradients cleared before the step) or an exact byte
+            count (gradients then charged per layer as cleared).
         costs: a layer costs file (or its dict) written before; checked against the model.
         calibration: keywords of :func:`torch_replay.calibrate_model` (``quick``,
             ``reps``, ``warmup``, ``options``, ``progress``) and ``out`` (write the
@@ -441,29 +549,48 @@ def plan_layers(
         )
         eager = [_eager(g["options"], names[i]) for g, i in zip(group_costs, order, strict=True)]
         base = StepMemory(optimizer_slots=0).bytes(model)
-        kept = base + sum(eager[g].retained for g in groups)
-        kept += max(eager[g].transient for g in groups)
-        measured = _measure_outside(model, call, loss_fn)
-        outside = {"bytes": max(0, measured - kept), "measured_all_kept": measured}
+        kept = [eager[g] for g in groups]
+        cleared = _layer_grads(layers)
+        layers_kept = ordered_peak(kept, cleared, floor=StepMemory(step_temporaries=0).floor(model))
+        head_phase, rest = _measure_outside(model, layers[-1], call, loss_fn)
+        low = max(0, rest - base - layers_kept)
+        outside = {
+            "bytes": low,
+            "head": max(0, head_phase - base - low - sum(o.retained for o in kept)),
+            "measured_all_kept": max(head_phase, rest),
+        }
         doc = _costs_doc(model, names, prints, groups, group_costs, outside, device)
     if out is not None:
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")
-    options = [[Option(**o) for o in doc["groups"][g]["options"]] for g in groups]
+    options = [
+        lean_options(
+            [Option(**o) for o in doc["groups"][g]["options"]],
+            unwritten=doc["groups"][g].get("written") == 0,
+        )
+        for g in groups
+    ]
+    memory = step_memory if isinstance(step_memory, StepMemory) else StepMemory()
     if isinstance(step_memory, int) and not isinstance(step_memory, bool):
         step = step_memory
     else:
-        step = (step_memory or StepMemory()).bytes(model)
+        step = memory.bytes(model)
+    grads = [0] * len(layers) if memory.grads else _layer_grads(layers)
+    floor = memory.floor(model)
     outside_bytes = int(doc["outside"]["bytes"])
+    head = int(doc["outside"].get("head", 0))
     try:
-        chosen = plan(options, budget=budget, persistent=step + outside_bytes)
+        chosen = plan_ordered(
+            options, grads, budget=budget, persistent=step + outside_bytes, floor=floor, head=head
+        )
     except InfeasibleBudgetError as e:
         raise InfeasibleBudgetError(
             f"no layer plan of {type(model).__name__} fits budget={budget} bytes: the "
             f"smallest feasible budget is {e.min_budget} bytes ({e.min_budget / 2**20:.2f} "
             f"MiB), with persistent bytes {step} (StepMemory: parameters, buffers, "
-            f"gradients, optimizer state) and {outside_bytes} outside the layers, for the "
-            "leanest choice per layer. Raise the budget, or lower the persistent bytes (a smaller "
-            "batch, fewer optimizer slots). The model was not changed.",
+            f"optimizer state{', gradients' if memory.grads else ''}) and {outside_bytes} "
+            "outside the layers, for the leanest choice per layer. Raise the budget, or lower "
+            "the persistent bytes (a smaller batch, fewer optimizer slots). The model was not "
+            "changed.",
             min_budget=e.min_budget,
         ) from None
     return LayerPlan(
@@ -472,7 +599,18 @@ def plan_layers(
         groups=groups,
         step_bytes=step,
         outside_bytes=outside_bytes,
+        grads=grads,
+        floor=floor,
+        head_bytes=head,
+        layer_options=options,
     )
+
+
+def _layer_grads(layers: Sequence[torch.nn.Module]) -> list[int]:
+    """Each layer's gradient bytes (its trainable parameters)."""
+    return [
+        sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad) for m in layers
+    ]
 
 
 def _eager(options: Sequence[Mapping[str, Any]], name: str) -> Option:

@@ -186,8 +186,9 @@ def apply_activation_checkpointing(
         loss_fn: with ``budget=``: maps the model's output to the loss (default: its
             ``.loss``, else the mean of squares of its first tensor).
         step_memory: with ``budget=``: the persistent bytes, a
-            :class:`torch_replay.layer_budget.StepMemory` (default: gradients and two
-            optimizer slots per trainable parameter, as AdamW) or a byte count.
+            :class:`torch_replay.layer_budget.StepMemory` (default: two optimizer
+            slots per trainable parameter, as AdamW; gradients cleared before the step
+            and charged per layer from its backward on) or a byte count.
         costs: with ``budget=``: a layer costs file (or dict) written by an earlier
             plan (``calibration={"out": path}``), checked against ``model``.
         calibration: with ``budget=``: ``quick``, ``reps``, ``warmup``, ``options``,

@@ -224,8 +224,9 @@ def enable(
         loss_fn: with ``budget=``: maps the output to the loss (default: ``.loss``,
             else the mean of squares of the first tensor).
         step_memory: with ``budget=``: the persistent bytes, a
-            :class:`torch_replay.layer_budget.StepMemory` (default: gradients and two
-            optimizer slots per trainable parameter, as AdamW) or a byte count.
+            :class:`torch_replay.layer_budget.StepMemory` (default: two optimizer
+            slots per trainable parameter, as AdamW; gradients cleared before the step
+            and charged per layer from its backward on) or a byte count.
         costs: with ``budget=``: a layer costs file (or dict) from an earlier plan
             (``calibration={"out": path}``), checked against ``model``.
         calibration: with ``budget=``: ``quick``, ``reps``, ``warmup``, ``options``,
