@@ -144,21 +144,26 @@ def gpt_steps() -> dict:
     }
 
 
-def llama_steps(seq: int) -> dict:
+def llama_step(seq: int, mode: str, **options):
+    """One training step of the Llama model with checkpointing turned on by ``mode``
+    ("torch": transformers' own; "tr": ``tr_hf.enable(model, **options)``)."""
     from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
 
     ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
+    model = build_hf("llama", layers=4, hidden=256)
+    model.train()
+    hf_turn_on(model, mode, **options)
 
+    def run():
+        model(input_ids=ids, labels=ids).loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    return run
+
+
+def llama_steps(seq: int) -> dict:
     def variant(mode, **options):
-        model = build_hf("llama", layers=4, hidden=256)
-        model.train()
-        hf_turn_on(model, mode, **options)
-
-        def run():
-            model(input_ids=ids, labels=ids).loss.backward()
-            model.zero_grad(set_to_none=True)
-
-        return run
+        return llama_step(seq, mode, **options)
 
     return {
         "torch": variant("torch"),

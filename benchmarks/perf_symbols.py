@@ -40,12 +40,9 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn as nn
-import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
 from benchmarks.cli import ROOT, add_out_quick, child_env, emit
-from benchmarks.models import PreNormBlock
 
 GROUPS = (  # (group, regular expression on "dso symbol"), first match wins
     ("model work (sgemm)", r"sgemm"),
@@ -90,46 +87,22 @@ def _stop(tool: str, perf) -> None:
 
 
 def _gpt_step(variant: str) -> Callable[[], None]:
-    torch.manual_seed(0)
-    blocks = nn.ModuleList(PreNormBlock(256, 4, dropout=0.1) for _ in range(6))
-    x = torch.randn(4, 128, 256)
+    """bench_replay_speed's GPT-style rows."""
+    from benchmarks.bench_replay_speed import gpt_steps
 
-    def ckpt(blk, h):
-        if variant == "torch":
-            return tcp.checkpoint(blk, h, use_reentrant=False)
-        if variant in ("nostate", "preserve"):
-            return tr.checkpoint(blk, h, use_reentrant=False)
-        return tr.checkpoint(blk, h, use_reentrant=False, state=[blk], engine=variant)
-
-    def step() -> None:
-        blocks.zero_grad(set_to_none=True)
-        h = x
-        for blk in blocks:
-            h = ckpt(blk, h)
-        h.pow(2).mean().backward()
-
-    return step
+    key = {"torch": "torch", "nostate": "no state", "preserve": 'detect="preserve"'}
+    return gpt_steps()[key.get(variant, f"state=[block], {variant}")]
 
 
 def _llama_step(variant: str, seq: int) -> Callable[[], None]:
     """bench_replay_speed's Llama rows: transformers' model, every layer checkpointed."""
-    from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
+    from benchmarks.bench_replay_speed import llama_step
 
-    ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
-    model = build_hf("llama", layers=4, hidden=256)
-    model.train()
     if variant == "torch":
-        hf_turn_on(model, "torch")
-    elif variant in ("nostate", "preserve"):
-        hf_turn_on(model, "tr", replay_state=None)
-    else:
-        hf_turn_on(model, "tr", replay_engine=variant)
-
-    def step() -> None:
-        model(input_ids=ids, labels=ids).loss.backward()
-        model.zero_grad(set_to_none=True)
-
-    return step
+        return llama_step(seq, "torch")
+    if variant in ("nostate", "preserve"):
+        return llama_step(seq, "tr", replay_state=None)
+    return llama_step(seq, "tr", replay_engine=variant)
 
 
 def _step(
