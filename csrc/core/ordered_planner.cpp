@@ -5,6 +5,7 @@
 #include <iterator>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -169,24 +170,17 @@ PlannerResult plan_ordered(
     after -= terms.grads[s];
     const bool last = s + 1 == n;
     cand.clear();
-    for (size_t p = 0; p < frontier.size(); ++p) {
-      const Candidate& st = frontier[p];
-      for (size_t k = 0; k < opts.size(); ++k) {
-        const PlannerOption& o = opts[k];
-        const int64_t held = st.retained + o.retained;
-        int64_t peak = std::max(st.peak, held + o.transient + after);
-        if (peak > room || held + head > room) {
-          continue;
+    for (const Candidate& st : frontier) {
+      const auto p = static_cast<uint32_t>(&st - frontier.data());
+      for (uint32_t k = 0; k < opts.size(); ++k) {
+        const int64_t held = st.retained + opts[k].retained;
+        const int64_t peak =
+            std::max(st.peak, held + opts[k].transient + after);
+        if (peak <= room && held + head <= room) {
+          // After the last layer the head's term joins the peak.
+          const int64_t top = last ? std::max(peak, held + head) : peak;
+          cand.push_back({held, top, st.time + opts[k].time, p, k});
         }
-        if (last) {
-          peak = std::max(peak, held + head);
-        }
-        cand.push_back(
-            {held,
-             peak,
-             st.time + o.time,
-             static_cast<uint32_t>(p),
-             static_cast<uint32_t>(k)});
       }
     }
     result.states_generated += static_cast<int64_t>(cand.size());
@@ -197,9 +191,7 @@ PlannerResult plan_ordered(
               std::to_string(s));
     }
     order.resize(cand.size());
-    for (size_t i = 0; i < cand.size(); ++i) {
-      order[i] = static_cast<uint32_t>(i);
-    }
+    std::iota(order.begin(), order.end(), 0);
     std::sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
       const Candidate& x = cand[a];
       const Candidate& y = cand[b];
@@ -219,9 +211,7 @@ PlannerResult plan_ordered(
       }
     }
     std::vector<uint32_t> by_path(frontier.size());
-    for (size_t i = 0; i < by_path.size(); ++i) {
-      by_path[i] = static_cast<uint32_t>(i);
-    }
+    std::iota(by_path.begin(), by_path.end(), 0);
     std::sort(by_path.begin(), by_path.end(), [&](uint32_t a, uint32_t b) {
       return std::make_pair(old_rank[frontier[a].parent], frontier[a].option) <
              std::make_pair(old_rank[frontier[b].parent], frontier[b].option);
@@ -258,20 +248,17 @@ PlannerResult plan_ordered(
     return result;
   }
   // Least time, then lowest peak, then the first path.
-  size_t best = 0;
-  for (size_t i = 1; i < frontier.size(); ++i) {
-    const Candidate& a = frontier[i];
-    const Candidate& b = frontier[best];
-    if (std::tie(a.time, a.peak, rank[i]) <
-        std::tie(b.time, b.peak, rank[best])) {
-      best = i;
-    }
-  }
+  std::vector<uint32_t> finals(frontier.size());
+  std::iota(finals.begin(), finals.end(), 0);
+  uint32_t index = *std::min_element(
+      finals.begin(), finals.end(), [&](uint32_t a, uint32_t b) {
+        return std::tie(frontier[a].time, frontier[a].peak, rank[a]) <
+               std::tie(frontier[b].time, frontier[b].peak, rank[b]);
+      });
   result.feasible = true;
-  result.time = frontier[best].time;
-  result.peak = terms.persistent + frontier[best].peak;
+  result.time = frontier[index].time;
+  result.peak = terms.persistent + frontier[index].peak;
   result.choices.assign(n, 0);
-  uint32_t index = static_cast<uint32_t>(best);
   for (size_t s = n; s-- > 0;) {
     const PlannerOption& o = segments[s][options[s][index]];
     result.choices[s] = static_cast<int32_t>(options[s][index]);
