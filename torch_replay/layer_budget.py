@@ -27,7 +27,7 @@ take keyword arguments (masks, position embeddings) and the model runs code betw
    then the measured step by construction; the other plans are predicted from the
    layer costs.
 5. **Plan** with the exact ordered planner (:func:`torch_replay.layer_order.plan_ordered`,
-   Note [Ordered layer peak] there). The predicted peak is
+   Note [Ordered layer peak] in ``csrc/core/ordered_planner.h``). The predicted peak is
    ``step + outside + max(floor, head + sum_j retained_j, max_i (sum_{j<=i} retained_j
    + transient_i + sum_{j>i} grads_j))``, whose terms are:
 

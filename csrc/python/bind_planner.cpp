@@ -1,5 +1,7 @@
-// pybind11 bindings of the joint planner (csrc/core/pareto_planner.h) as
-// torch_replay._C.planner. The Python API is torch_replay/planner.py; these
+// pybind11 bindings of the joint planner (csrc/core/pareto_planner.h) and the
+// ordered layer planner (csrc/core/ordered_planner.h) as
+// torch_replay._C.planner. The Python API is torch_replay/planner.py and
+// torch_replay/layer_order.py; these
 // bindings take plain numbers so that no tensor header is needed (see
 // Note [Binding registry]).
 #include <pybind11/pybind11.h>
@@ -11,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/ordered_planner.h"
 #include "core/pareto_planner.h"
 #include "python/bindings.h"
 
@@ -21,15 +24,28 @@ namespace {
 
 using OptionTuple = std::tuple<int64_t, int64_t, double>;
 
+std::vector<PlannerOption> to_core(const std::vector<OptionTuple>& options) {
+  std::vector<PlannerOption> core;
+  core.reserve(options.size());
+  for (const auto& [retained, transient, time] : options) {
+    core.push_back({retained, transient, time});
+  }
+  return core;
+}
+
+std::vector<std::vector<PlannerOption>> to_core(
+    const std::vector<std::vector<OptionTuple>>& segments) {
+  std::vector<std::vector<PlannerOption>> core;
+  core.reserve(segments.size());
+  for (const auto& options : segments) {
+    core.push_back(to_core(options));
+  }
+  return core;
+}
+
 std::unique_ptr<ParetoPlanner> make_planner(
     const std::vector<std::vector<OptionTuple>>& segments, int64_t persistent) {
-  std::vector<std::vector<PlannerOption>> core(segments.size());
-  for (size_t s = 0; s < segments.size(); ++s) {
-    for (const auto& [retained, transient, time] : segments[s]) {
-      core[s].push_back({retained, transient, time});
-    }
-  }
-  return std::make_unique<ParetoPlanner>(std::move(core), persistent);
+  return std::make_unique<ParetoPlanner>(to_core(segments), persistent);
 }
 
 PlannerDominance parse_dominance(const std::string& name) {
@@ -104,4 +120,43 @@ TORCH_REPLAY_BINDINGS(planner) {
         }
         return self.root_lower_bound(budget);
       });
+
+  pm.def(
+      "plan_ordered",
+      [](const std::vector<std::vector<OptionTuple>>& segments,
+         std::vector<int64_t> grads,
+         int64_t budget,
+         int64_t persistent,
+         int64_t floor,
+         int64_t head) {
+        std::vector<std::vector<PlannerOption>> core = to_core(segments);
+        OrderedPeakTerms terms{std::move(grads), persistent, floor, head};
+        py::gil_scoped_release release;
+        return plan_ordered(core, terms, budget);
+      },
+      py::arg("segments"),
+      py::arg("grads"),
+      py::arg("budget"),
+      py::arg("persistent") = 0,
+      py::arg("floor") = 0,
+      py::arg("head") = 0,
+      "Least-time choice with the ordered peak (Note [Ordered layer peak]) "
+      "<= budget; segments of (retained, transient, time) tuples.");
+  pm.def(
+      "ordered_peak",
+      [](const std::vector<OptionTuple>& chosen,
+         std::vector<int64_t> grads,
+         int64_t persistent,
+         int64_t floor,
+         int64_t head) {
+        return ordered_peak(
+            to_core(chosen),
+            OrderedPeakTerms{std::move(grads), persistent, floor, head});
+      },
+      py::arg("chosen"),
+      py::arg("grads"),
+      py::arg("persistent") = 0,
+      py::arg("floor") = 0,
+      py::arg("head") = 0,
+      "The peak of Note [Ordered layer peak] of one option per layer.");
 }
