@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1000, help="adversarial search: steps each")
     parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
     args = parser.parse_args(argv)
-    CORE = schedule._core()
+    CORE = schedule.schedule_extension()
     command = "PYTHONPATH=. .venv/bin/python -m benchmarks.bench_bounds " + " ".join(
         sys.argv[1:] if argv is None else argv
     )

@@ -89,10 +89,10 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from ._peak import LiveBytesTracker, _default_loss, static_bytes
 from .calibrate.fingerprint import (
-    _describe_segment,
-    _describe_value,
-    _first_difference,
-    _Kept,
+    Kept,
+    describe_segment,
+    describe_value,
+    first_difference,
     machine_info,
     read_costs,
 )
@@ -262,7 +262,7 @@ def _capture(
         m.register_forward_pre_hook(hook_for(i), with_kwargs=True) for i, m in enumerate(layers)
     ]
     try:
-        with _Kept([model], None), torch.no_grad():
+        with Kept([model], None), torch.no_grad():
             call()
     finally:
         for h in handles:
@@ -312,11 +312,11 @@ def _first_input(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 def _fingerprint(layer: torch.nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
-    return {**_describe_segment(layer), "input": _describe_value([list(args), kwargs])}
+    return {**describe_segment(layer), "input": describe_value([list(args), kwargs])}
 
 
 def _model_digest(model: torch.nn.Module, names: Sequence[str]) -> str:
-    described = {"model": _describe_segment(model), "layers": list(names)}
+    described = {"model": describe_segment(model), "layers": list(names)}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
 
 
@@ -368,7 +368,7 @@ def _measure_outside(
     """Tracked peaks of one training step with every layer kept, gradients cleared first
     (they count from their creation on): (until the gradient of ``last``'s output, the
     head's phase; from there on), each with the parameters and buffers."""
-    with _Kept([model], None):
+    with Kept([model], None):
         for p in model.parameters():
             p.grad = None
         static = static_bytes([*model.parameters(), *model.buffers()])
@@ -405,7 +405,7 @@ def _costs_doc(model, names, prints, groups, group_costs, outside, device) -> di
         "model": {
             "class": f"{type(model).__module__}.{type(model).__qualname__}",
             "digest": _model_digest(model, names),
-            "structure": _describe_segment(model),
+            "structure": describe_segment(model),
             "layers": [
                 {"name": n, "group": g, "fingerprint": f}
                 for n, g, f in zip(names, groups, prints, strict=True)
@@ -446,13 +446,13 @@ def _read_costs(costs: Any, model, names, prints) -> Mapping[str, Any]:
                 why = (
                     f"it is {w['name']!r} there, {name!r} here"
                     if w["name"] != name
-                    else _first_difference(w["fingerprint"], have)
+                    else first_difference(w["fingerprint"], have)
                 )
                 raise CostsMismatchError(
                     f"{source} were calibrated on another model ({what}): layer {i} "
                     f"differs: {why}. {_RECALIBRATE}"
                 )
-        why = _first_difference(entry.get("structure") or {}, _describe_segment(model))
+        why = first_difference(entry.get("structure") or {}, describe_segment(model))
         raise CostsMismatchError(
             f"{source} were calibrated on another model ({what}): outside its layers, "
             f"{why}. {_RECALIBRATE}"

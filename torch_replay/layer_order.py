@@ -13,7 +13,7 @@ import time as _time
 from collections.abc import Sequence
 
 from .errors import InfeasibleBudgetError
-from .planner import Option, Plan, PlanPrediction, SolverStats, _checked_segments, _core
+from .planner import Option, Plan, PlanPrediction, SolverStats, checked_segments, planner_extension
 
 __all__ = ["TIME_TOLERANCE", "lean_options", "ordered_peak", "plan_ordered"]
 
@@ -51,7 +51,7 @@ def ordered_peak(
     """
     if len(chosen) != len(grads):
         raise ValueError(f"{len(chosen)} options for {len(grads)} layers' gradients")
-    return _core().ordered_peak(
+    return planner_extension().ordered_peak(
         [(o.retained, o.transient, o.time) for o in chosen],
         list(grads),
         persistent=persistent,
@@ -92,10 +92,10 @@ def plan_ordered(
             one does.
         ValueError: ``grads`` does not have one entry per layer, or bad options.
     """
-    segments = _checked_segments(options)
+    segments = checked_segments(options)
     if len(grads) != len(segments):
         raise ValueError(f"{len(segments)} layers but {len(grads)} gradient sizes")
-    core = _core()
+    core = planner_extension()
     start = _time.perf_counter()
     result = core.plan_ordered(
         [[(o.retained, o.transient, o.time) for o in seg] for seg in segments],

@@ -221,9 +221,9 @@ class PlannedSequential(SegmentRunner):
     def _check_input(self, x: Any) -> None:
         import warnings
 
-        from .calibrate.fingerprint import _describe_value
+        from .calibrate.fingerprint import describe_value
 
-        have = _describe_value(x)
+        have = describe_value(x)
         if self._expected_input != have:
             want, self._expected_input = self._expected_input, None  # warn once
             warnings.warn(

@@ -263,7 +263,7 @@ class Plan:
         return "\n".join(lines)
 
 
-def _core():
+def planner_extension():
     import torch  # noqa: F401  (loads the libraries the extension links against)
 
     from torch_replay._ext import require_extension
@@ -271,7 +271,7 @@ def _core():
     return require_extension().planner
 
 
-def _checked_segments(options: Sequence[Sequence[Option]]) -> list[list[Option]]:
+def checked_segments(options: Sequence[Sequence[Option]]) -> list[list[Option]]:
     if isinstance(options, (str, bytes)) or not isinstance(options, Sequence):
         raise TypeError("options must be a sequence (one entry per segment) of sequences of Option")
     segments = []
@@ -343,7 +343,7 @@ def plan(
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     budget = _nonnegative_int(budget, "budget")
     persistent = _nonnegative_int(persistent, "persistent")
-    segments = _checked_segments(options)
+    segments = checked_segments(options)
 
     # The options the objective may use (positions into each segment) and the
     # retained bytes it charges.
@@ -372,7 +372,7 @@ def plan(
             return o.retained - o.preserved
         return o.retained
 
-    core = _core()
+    core = planner_extension()
     start = _time.perf_counter()
     best = None  # (time, true peak, indices, result)
     min_budget = None

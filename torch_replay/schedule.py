@@ -59,7 +59,7 @@ __all__ = [
 MAX_EXHAUSTIVE_UNITS = 22
 
 
-def _core():
+def schedule_extension():
     return require_extension().schedule
 
 
@@ -196,7 +196,9 @@ class Problem:
         num_units = _int(num_units, "num_units")
         if num_units < 0:
             raise ValueError(f"num_units must be >= 0, got {num_units}")
-        self._p = _core().Problem(sizes_l, producer_l, consumers_l, outputs_l, num_units, edges)
+        self._p = schedule_extension().Problem(
+            sizes_l, producer_l, consumers_l, outputs_l, num_units, edges
+        )
         self._num_units = num_units
         self._num_buffers = len(sizes_l)
 
@@ -246,7 +248,7 @@ class Problem:
             (plus ``"joint_trap"`` and ``"end_steps"`` when extended). Each is
             at most the optimal peak; both traps are at least the event cut.
         """
-        d = _core().lower_bounds(self._p, True, True, extended)
+        d = schedule_extension().lower_bounds(self._p, True, True, extended)
         keys = ["event_cut", "forward_trap", "reverse_trap"]
         if extended:
             keys += ["joint_trap", "end_steps"]
@@ -267,7 +269,7 @@ class Problem:
         Raises:
             ValueError: A unit index is out of range.
         """
-        return _core().conditional_event(
+        return schedule_extension().conditional_event(
             self._p,
             _int(unit, "unit"),
             _int_list(done, "done"),
@@ -283,7 +285,7 @@ class Problem:
         Raises:
             ValueError: More than :data:`MAX_EXHAUSTIVE_UNITS` units.
         """
-        peak, order = _core().solve_exhaustive(self._p)
+        peak, order = schedule_extension().solve_exhaustive(self._p)
         return int(peak), list(order)
 
     def solve(self, time_limit_s: float = 1.0) -> Solution:
@@ -307,7 +309,7 @@ class Problem:
         limit = float(time_limit_s)
         if not (limit >= 0.0 and limit != float("inf")):
             raise ValueError(f"time_limit_s must be a finite number >= 0, got {time_limit_s!r}")
-        s = _core().solve(self._p, limit)
+        s = schedule_extension().solve(self._p, limit)
         return Solution(
             order=list(s.order),
             peak=int(s.peak),

@@ -16,17 +16,17 @@ from .workloads import Workload
 # --------------------------------------------------------------- fingerprint
 
 
-def _describe_value(v: Any) -> Any:
+def describe_value(v: Any) -> Any:
     if isinstance(v, torch.Tensor):
         return {"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")}
     if isinstance(v, (list, tuple)):
-        return [_describe_value(x) for x in v]
+        return [describe_value(x) for x in v]
     if isinstance(v, Mapping):
-        return {str(k): _describe_value(x) for k, x in v.items()}
+        return {str(k): describe_value(x) for k, x in v.items()}
     return type(v).__name__
 
 
-def _describe_segment(m: Any) -> dict[str, Any]:
+def describe_segment(m: Any) -> dict[str, Any]:
     cls = type(m)
     out: dict[str, Any] = {"class": f"{cls.__module__}.{cls.__qualname__}"}
     if isinstance(m, torch.nn.Module):
@@ -68,7 +68,7 @@ def model_fingerprint(segments: Any, inputs: Sequence[Any] | None = None) -> dic
 
     mods = list(segments.children() if isinstance(segments, torch.nn.Sequential) else segments)
     names = _segment_names(segments)
-    described = [_describe_segment(m) for m in mods]
+    described = [describe_segment(m) for m in mods]
     digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()
     segs = []
     for i, d in enumerate(described):
@@ -79,7 +79,7 @@ def model_fingerprint(segments: Any, inputs: Sequence[Any] | None = None) -> dic
     return {"digest": digest, "segments": segs}
 
 
-class _Kept:
+class Kept:
     """Restores buffers, declared state, gradients and torch's CPU generator on exit.
 
     Calibration runs training steps; the user's model must come out as it went in.
@@ -100,7 +100,7 @@ class _Kept:
         self.grads: list[Any] = []
         self.rng = None
 
-    def __enter__(self) -> _Kept:
+    def __enter__(self) -> Kept:
         self.copies = [(t, t.detach().clone()) for t in self.tensors.values()]
         self.grads = [p.grad for p in self.params]
         self.rng = torch.get_rng_state()
@@ -118,10 +118,10 @@ class _Kept:
 def _record_inputs(workload: Workload) -> list[Any]:
     """Each segment's input (described) in one no-grad forward; state restored after."""
     seen: list[Any] = []
-    with _Kept(workload.segments, workload.state), torch.no_grad():
+    with Kept(workload.segments, workload.state), torch.no_grad():
         h = workload.make_input()
         for seg in workload.segments:
-            seen.append(_describe_value(h))
+            seen.append(describe_value(h))
             h = seg(h)
     return seen
 
@@ -161,7 +161,7 @@ def machine_info(device: str = "cpu") -> dict[str, Any]:
     return out
 
 
-def _first_difference(want: Mapping[str, Any], have: Mapping[str, Any]) -> str:
+def first_difference(want: Mapping[str, Any], have: Mapping[str, Any]) -> str:
     if want.get("class") != have.get("class"):
         return f"it is a {want.get('class')} in the costs, a {have.get('class')} here"
     for kind in ("parameters", "buffers"):
@@ -258,7 +258,7 @@ def check_costs(doc: Mapping[str, Any], segments: Any, *, source: str = "the cos
                 raise CostsMismatchError(
                     f"{source} were calibrated on another model ({what}): segment {i}"
                     + (f" ({want['name']})" if want.get("name", str(i)) != str(i) else "")
-                    + f" differs: {_first_difference(want, got)}. "
+                    + f" differs: {first_difference(want, got)}. "
                     f"{_RECALIBRATE}"
                 )
     machine = doc.get("machine") or {}

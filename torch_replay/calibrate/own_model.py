@@ -12,7 +12,7 @@ import torch
 
 from ..planner import OPTION_NAMES
 from .config import SCHEMA, ConfigError
-from .fingerprint import _Kept, machine_info
+from .fingerprint import Kept, machine_info
 from .measure import _Progress, measure_segments, measurement_count
 from .workloads import Workload
 
@@ -174,7 +174,7 @@ def calibrate_model(
                     device = p.device.type
                     break
     bar = _Progress(measurement_count(opts, len(w.segments)), progress)
-    with _Kept(w.segments, w.state):
+    with Kept(w.segments, w.state):
         res = measure_segments(
             w, opts, reps=reps, warmup=warmup, device=device, progress=bar.update
         )

@@ -15,7 +15,7 @@ import torch
 
 from ..planner import OPTION_NAMES, Option
 from .config import _MIB, SCHEMA, CalibrationConfig, ConfigError, load_config
-from .fingerprint import _Kept, machine_info
+from .fingerprint import Kept, machine_info
 from .measure import (
     _call_factory,
     _check_device,
@@ -91,7 +91,7 @@ def calibrate(
         bar.update(s.label())
     model = None
     if cfg.model is not None and w is not None:
-        with _Kept(w.segments, w.state):
+        with Kept(w.segments, w.state):
             res = measure_segments(
                 w,
                 cfg.options,
