@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks.counters import GCClock, process_counters
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("mlp", "convnet", "segment")
 
@@ -168,10 +170,21 @@ def child(name: str, backend: str) -> None:
     model, step = build_step(name)
     f = torch.compile(model, backend=backend)
     clock = _FirstCallClock()
+    gc_clock = GCClock()
+    n0 = process_counters(gc_clock)
     t0, c0 = time.perf_counter(), time.process_time()
+    counting = os.environ.get("BENCH_COMPILE_CALLGRIND") == "1"  # benchmarks.count_compile
+    if counting:
+        from benchmarks.perf_symbols import start_recording, stop_recording
+
+        start_recording("callgrind", None)
     with clock.watching(backend):
         step(f)
+    if counting:
+        stop_recording("callgrind", None)
     first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
+    n1 = process_counters(gc_clock)
+    gc_clock.close()
     steady, steady_cpu = [], []
     for _ in range(3):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -193,22 +206,33 @@ def child(name: str, backend: str) -> None:
                 "maxrss_mib": rss,
                 "child_maxrss_mib": child_rss,
                 "import_s": t_import,
+                # The first step's garbage collection, kernel time and page faults (the
+                # compile's noise between processes: a full collection of a heap holding
+                # torch, transformers and Inductor costs tenths of a second).
+                "first_gc_s": n1["gc_s"] - n0["gc_s"],
+                "first_gc_full": n1["gc_full"] - n0["gc_full"],
+                "first_sys_s": n1["sys_s"] - n0["sys_s"],
+                "first_minor_faults": n1["minor_faults"] - n0["minor_faults"],
             }
         )
     )
 
 
-def _run(name: str, backend: str, cache: str) -> dict[str, float]:
+def _run(
+    name: str, backend: str, cache: str, wrapper: tuple[str, ...] = (), **env_extra: str
+) -> dict[str, float]:
+    """One child process (``wrapper``: a command it runs under, e.g. valgrind's)."""
     env = dict(os.environ)
     env["TORCHINDUCTOR_CACHE_DIR"] = cache
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
+    env.update(env_extra)
     proc = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", name, backend],
+        [*wrapper, sys.executable, os.path.abspath(__file__), "--child", name, backend],
         capture_output=True,
         text=True,
         env=env,
-        timeout=1800,
+        timeout=7200,
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{name}/{backend} failed:\n{proc.stderr[-2000:]}")

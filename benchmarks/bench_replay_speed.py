@@ -26,7 +26,8 @@ quiet machine's wall time would be, since one thread computes) and wall time. Th
 gives each process's median and their median. Memory beside the times: the bytes the
 engines keep from forward to backward (``tr.engine_bytes()``) for ``state=[block]``, for
 MoCo's queue enqueued between forward and backward, and under ``preserve`` on MoCo and on
-the Llama model.
+the Llama model. Beside the ratios, per variant and step: kernel time, minor page faults
+and garbage-collection time, which an instruction count does not see.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
 from benchmarks.cli import add_out_quick, emit, run_module
+from benchmarks.counters import GCClock, process_counters
 from benchmarks.models import PreNormBlock
 
 ENGINES = ("auto", "journal", "readset", "guard", "snapshot")
@@ -80,17 +82,28 @@ def _settings(**settings):
 
 def _rounds(steps: dict, rounds: int) -> dict[str, dict[str, float]]:
     """Per clock and variant: the median over rounds of its time over the first
-    variant's time in the same round (the first round warms up)."""
+    variant's time in the same round (the first round warms up); under ``"per_step"``,
+    each variant's median per step of the counters of :func:`benchmarks.counters.process_counters` (what instruction
+    counts do not see: kernel time, page faults, garbage collection)."""
     times = {c: {k: [] for k in steps} for c in CLOCKS}
-    for r in range(rounds + 1):
-        order = list(steps.items())
-        for name, step in order if r % 2 == 0 else order[::-1]:
-            t0 = {c: f() for c, f in CLOCKS.items()}
-            step()
-            t1 = {c: f() for c, f in CLOCKS.items()}
-            if r:
-                for c in CLOCKS:
-                    times[c][name].append(t1[c] - t0[c])
+    gc_clock = GCClock()
+    counted: dict[str, dict[str, list[float]]] = {k: {} for k in steps}
+    try:
+        for r in range(rounds + 1):
+            order = list(steps.items())
+            for name, step in order if r % 2 == 0 else order[::-1]:
+                n0 = process_counters(gc_clock)
+                t0 = {c: f() for c, f in CLOCKS.items()}
+                step()
+                t1 = {c: f() for c, f in CLOCKS.items()}
+                n1 = process_counters(gc_clock)
+                if r:
+                    for c in CLOCKS:
+                        times[c][name].append(t1[c] - t0[c])
+                    for key in n0:
+                        counted[name].setdefault(key, []).append(n1[key] - n0[key])
+    finally:
+        gc_clock.close()
     base = next(iter(steps))
     out = {}
     for c in CLOCKS:
@@ -100,6 +113,9 @@ def _rounds(steps: dict, rounds: int) -> dict[str, dict[str, float]]:
             for k, v in times[c].items()
         }
         out[c]["base_s"] = statistics.median(b)
+    out["per_step"] = {
+        k: {key: statistics.median(v) for key, v in c.items()} for k, c in counted.items()
+    }
     return out
 
 
@@ -280,6 +296,16 @@ def markdown(runs: list[dict], command: str, rounds: int) -> str:
                 per = [r[group][c][v] for r in runs]
                 cells += [f"{statistics.median(per):.3f}", " / ".join(f"{p:.3f}" for p in per)]
             lines.append(f"| {v} | " + " | ".join(cells) + " |")
+        lines += [
+            "",
+            "Per step, medians (process 1): seconds in the kernel, minor page faults, seconds",
+            "of garbage collection, full collections.",
+            "",
+            "| variant | kernel s | minor faults | GC s | full GCs |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for v, c in runs[0][group].get("per_step", {}).items():
+            lines.append(f"| {v} | {c['sys_s']:.4f} | {c['minor_faults']:.0f} | {c['gc_s']:.4f} |")
         lines.append("")
     lines += ["## Bytes the engines keep from forward to backward", "", "| case | bytes |"]
     lines.append("| --- | --- |")

@@ -59,7 +59,7 @@ GROUPS = (  # (group, regular expression on "dso symbol"), first match wins
 )
 
 
-def _start(tool: str, data: str):
+def start_recording(tool: str, data: str | None):
     """Starts recording this process: perf attached to it, or callgrind's instrumentation
     (the process runs under valgrind)."""
     if tool == "callgrind":
@@ -76,7 +76,7 @@ def _start(tool: str, data: str):
     return perf
 
 
-def _stop(tool: str, perf) -> None:
+def stop_recording(tool: str, perf) -> None:
     if tool == "callgrind":
         subprocess.run(
             ["callgrind_control", "-i", "off", str(os.getpid())], check=True, capture_output=True
@@ -123,10 +123,10 @@ def _step(
     for i in range(steps + 2):
         if i == 2:  # two warm-up steps first; then this process samples itself
             gc.collect()  # (the warm-up's garbage is not the sampled steps')
-            perf = _start(tool, data)
+            perf = start_recording(tool, data)
             recording = True
         step()
-    _stop(tool, perf)
+    stop_recording(tool, perf)
     with open(data + ".gc", "w") as f:
         json.dump({"full collections": len(full)}, f)
 
