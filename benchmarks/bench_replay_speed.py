@@ -305,7 +305,10 @@ def markdown(runs: list[dict], command: str, rounds: int) -> str:
             "| --- | --- | --- | --- | --- |",
         ]
         for v, c in runs[0][group].get("per_step", {}).items():
-            lines.append(f"| {v} | {c['sys_s']:.4f} | {c['minor_faults']:.0f} | {c['gc_s']:.4f} |")
+            lines.append(
+                f"| {v} | {c['sys_s']:.4f} | {c['minor_faults']:.0f} | {c['gc_s']:.4f} "
+                f"| {c['gc_full']:.0f} |"
+            )
         lines.append("")
     lines += ["## Bytes the engines keep from forward to backward", "", "| case | bytes |"]
     lines.append("| --- | --- |")
