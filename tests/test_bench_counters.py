@@ -29,7 +29,9 @@ def test_minor_faults_count_pages_touched_here():
     clock = GCClock()
     try:
         before = process_counters(clock)
-        block = bytearray(32 << 20)  # zeroed pages, faulted in as they are written
+        # Above glibc's largest mmap threshold (32 MiB): fresh pages from the kernel, each
+        # faulted in as it is first written (by 4 KiB page or by huge page).
+        block = bytearray(64 << 20)
         for i in range(0, len(block), 4096):
             block[i] = 1
         after = process_counters(clock)
