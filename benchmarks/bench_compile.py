@@ -170,21 +170,21 @@ def child(name: str, backend: str) -> None:
     model, step = build_step(name)
     f = torch.compile(model, backend=backend)
     clock = _FirstCallClock()
-    gc_clock = GCClock()
-    n0 = process_counters(gc_clock)
-    t0, c0 = time.perf_counter(), time.process_time()
     counting = os.environ.get("BENCH_COMPILE_CALLGRIND") == "1"  # benchmarks.count_compile
     if counting:
         from benchmarks.perf_symbols import start_recording, stop_recording
 
         start_recording("callgrind", None)
+    gc_clock = GCClock()
+    n0 = process_counters(gc_clock)
+    t0, c0 = time.perf_counter(), time.process_time()
     with clock.watching(backend):
         step(f)
-    if counting:
-        stop_recording("callgrind", None)
     first, first_cpu = time.perf_counter() - t0, time.process_time() - c0
     n1 = process_counters(gc_clock)
     gc_clock.close()
+    if counting:
+        stop_recording("callgrind", None)
     steady, steady_cpu = [], []
     for _ in range(3):
         t0, c0 = time.perf_counter(), time.process_time()
@@ -216,6 +216,18 @@ def child(name: str, backend: str) -> None:
             }
         )
     )
+
+
+def model_names(models: str) -> list[str]:
+    """The comma-separated ``models``, with ``hf`` standing for every Hugging Face family
+    of benchmarks/hf_models.py, inference and training."""
+    names = [m for m in models.split(",") if m]
+    if "hf" in names:
+        from benchmarks.hf_models import HF_MODELS
+
+        at = names.index("hf")
+        names[at : at + 1] = [f"hf:{k}{f}" for f in HF_MODELS for k in ("inference:", "")]
+    return names
 
 
 def _run(
@@ -301,12 +313,7 @@ def main() -> None:
         child(*args.child)
         return
     rows = []
-    names = [m for m in args.models.split(",") if m]
-    if "hf" in names:
-        from benchmarks.hf_models import HF_MODELS
-
-        at = names.index("hf")
-        names[at : at + 1] = [f"hf:{k}{f}" for f in HF_MODELS for k in ("inference:", "")]
+    names = model_names(args.models)
     with contextlib.ExitStack() as stack:
         shared = None
         if args.warm_only:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -178,8 +179,7 @@ def llama_step(seq: int, mode: str, **options):
 
 
 def llama_steps(seq: int) -> dict:
-    def variant(mode, **options):
-        return llama_step(seq, mode, **options)
+    variant = functools.partial(llama_step, seq)
 
     return {
         "torch": variant("torch"),

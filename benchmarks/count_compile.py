@@ -95,12 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     if shutil.which("valgrind") is None:
         sys.stderr.write("count_compile needs valgrind (apt-get install valgrind)\n")
         return 2
-    names = [m for m in args.models.split(",") if m]
-    if "hf" in names:
-        from benchmarks.hf_models import HF_MODELS
-
-        at = names.index("hf")
-        names[at : at + 1] = [f"hf:{k}{f}" for f in HF_MODELS for k in ("inference:", "")]
+    names = bench_compile.model_names(args.models)
     rows = []
     command = "python -m benchmarks.count_compile " + " ".join(argv or sys.argv[1:])
     for name in names:

@@ -43,6 +43,7 @@ import torch
 
 import torch_replay as tr
 from benchmarks.cli import ROOT, add_out_quick, child_env, emit
+from benchmarks.counters import GCClock
 
 GROUPS = (  # (group, regular expression on "dso symbol"), first match wins
     ("model work (sgemm)", r"sgemm"),
@@ -112,23 +113,16 @@ def _step(
     if variant == "preserve":
         tr.config.detect = "preserve"
     step = _llama_step(variant, seq) if model == "llama" else _gpt_step(variant)
-    recording = False
-    full = []  # generation-2 collections inside the sampled steps
-
-    def count_full(phase: str, info: dict) -> None:
-        if phase == "stop" and info["generation"] == 2 and recording:
-            full.append(1)
-
-    gc.callbacks.append(count_full)
     for i in range(steps + 2):
         if i == 2:  # two warm-up steps first; then this process samples itself
             gc.collect()  # (the warm-up's garbage is not the sampled steps')
+            collections = GCClock()  # generation-2 collections inside the sampled steps
             perf = start_recording(tool, data)
-            recording = True
         step()
     stop_recording(tool, perf)
+    collections.close()
     with open(data + ".gc", "w") as f:
-        json.dump({"full collections": len(full)}, f)
+        json.dump({"full collections": collections.collections[2]}, f)
 
 
 def _output(cmd: list[str]) -> str:
