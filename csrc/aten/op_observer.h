@@ -173,6 +173,12 @@ c10::Device first_device(const std::vector<at::Tensor>& tensors);
 // transaction) / releases one registration.
 void write_watch_acquire();
 void write_watch_release();
+// Note [Unwatched derivative formulas]: turns the fast path on (default) or
+// off, process-wide; how many applies ran unwatched so far.
+void set_unwatched_formulas(bool on);
+int64_t unwatched_applies();
+// Live registrations of the write watch (for tests).
+int write_watch_users();
 
 // A switch shared by the observers of one segment (Python sets `paused`).
 struct ObserverGate {

@@ -1,0 +1,225 @@
+"""State written during the backward, before the re-run of the segment that read it.
+
+The writer runs inside the backward itself: a tensor hook, a module's backward hook,
+a custom autograd Function's backward, a TorchDispatchMode active during backward, a
+saved-tensor unpack hook. Every program
+runs two blocks, ``h = seg1(x); y = seg2(f(h))``, and writes seg1's ``shift`` buffer
+once, after the backward started and before seg1 is re-run.
+
+Reference: eager autograd, whose gradient is that of the forward that ran (the
+writes land after it). torch.utils.checkpoint re-runs seg1 on the new buffer and is
+wrong (checked, so each write really lands before the re-run); torch_replay must give
+eager's gradient bit for bit, or refuse with the guard, which keeps nothing.
+
+The write watch (Note [Write watch]) sees these writes; the derivative formulas it
+leaves unwatched (Note [Unwatched derivative formulas] in csrc/aten/op_observer.h) must
+not hide any of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.utils.checkpoint as tcp
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import torch_replay as tr
+from torch_replay._ext import require_extension
+
+from .reference import REENTRANT, ShiftBlock, assert_bitwise, storage_bytes
+
+
+class _Once:
+    """Adds 1 to ``blk.shift`` the first time it is called (through ``.data`` when
+    asked: an alias with a version counter of its own)."""
+
+    def __init__(self, blk: nn.Module, through_data: bool = False):
+        self.blk, self.through_data, self.done = blk, through_data, False
+
+    def __call__(self) -> None:
+        if not self.done:
+            self.done = True
+            with torch.no_grad():
+                (self.blk.shift.data if self.through_data else self.blk.shift).add_(1.0)
+
+
+class _Bump(torch.autograd.Function):
+    """Identity whose backward runs ``write`` (a custom Function: a Python node)."""
+
+    @staticmethod
+    def forward(ctx, x, write):
+        ctx.write = write
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        ctx.write()
+        return g, None
+
+
+class _WriterMode(TorchDispatchMode):
+    def __init__(self, write):
+        super().__init__()
+        self.write = write
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.expand.default:  # inside SumBackward0's formula
+            self.write()
+        return func(*args, **(kwargs or {}))
+
+
+def _program(how: str):
+    """(model builder, step) for one way of writing during the backward. ``step(ckpt,
+    seg1, seg2, x)`` runs forward and backward, returns the tensors to compare."""
+
+    def step(ckpt, seg1, seg2, x):
+        write = _Once(seg1, through_data=how == "hook, through .data")
+        h = ckpt(seg1, x)
+        mode = contextlib.nullcontext()
+        if how in ("tensor hook", "hook, through .data"):
+            h.register_hook(lambda g: write())
+        elif how == "module backward hook":
+            seg2.register_full_backward_hook(lambda *a: write())
+        elif how == "custom Function":
+            h = _Bump.apply(h, write)
+        elif how == "dispatch mode":
+            mode = _WriterMode(write)
+        if how == "saved-tensor hook":
+            # Outside both segments: its unpack runs inside MulBackward0's apply.
+            def unpack(t):
+                write()
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t, unpack):
+                h = h * h
+        else:
+            h = h * 1.5
+        y = ckpt(seg2, h)
+        loss = (y * 2.0).sum()
+        with mode:
+            loss.backward()
+        assert write.done == (how != "no write"), "the program's write never ran"
+        return [x.grad, seg1.lin.weight.grad, seg2.lin.weight.grad]
+
+    return step
+
+
+WAYS = [
+    "tensor hook",
+    "hook, through .data",
+    "module backward hook",
+    "custom Function",
+    "dispatch mode",
+    "saved-tensor hook",
+]
+
+
+def _run(how, mode, reentrant=False, declare=False, engine=None):
+    """One program under eager autograd, torch's checkpoint or ours (declaring each
+    block with ``engine`` if ``declare``); its gradients and seg1."""
+    torch.manual_seed(0)
+    seg1, seg2 = ShiftBlock(), ShiftBlock()
+    x = torch.randn(4, 8, requires_grad=True)
+
+    def ckpt(f, h):
+        if mode == "eager":
+            return f(h)
+        if mode == "torch":
+            return tcp.checkpoint(f, h, use_reentrant=reentrant)
+        state = [f] if declare else None
+        return tr.checkpoint(f, h, use_reentrant=reentrant, state=state, engine=engine or "auto")
+
+    return _program(how)(ckpt, seg1, seg2, x), seg1
+
+
+@pytest.fixture
+def preserve():
+    old = tr.config.detect
+    tr.config.detect = "preserve"
+    yield
+    tr.config.detect = old
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+@pytest.mark.parametrize("how", WAYS)
+def test_torch_checkpoint_reruns_on_the_written_state(how, reentrant):
+    ref, _ = _run(how, "eager")
+    theirs, _ = _run(how, "torch", reentrant)
+    assert any(not torch.equal(a, b) for a, b in zip(theirs, ref, strict=True))
+
+
+@pytest.mark.parametrize("engine", ["journal", "auto"])
+@pytest.mark.parametrize("reentrant", REENTRANT)
+@pytest.mark.parametrize("how", WAYS)
+def test_declared_state_written_during_backward_is_eager(how, reentrant, engine):
+    ref, _ = _run(how, "eager")
+    ours, _ = _run(how, "ours", reentrant, declare=True, engine=engine)
+    assert_bitwise(ours, ref)
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+@pytest.mark.parametrize("how", WAYS)
+def test_preserved_state_written_during_backward_is_eager(how, reentrant, preserve):
+    ref, _ = _run(how, "eager")
+    ours, _ = _run(how, "ours", reentrant)
+    assert_bitwise(ours, ref)
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+@pytest.mark.parametrize("how", WAYS)
+def test_the_guard_refuses_state_written_during_backward(how, reentrant):
+    with pytest.raises(tr.StateMutationError, match="shift"):
+        _run(how, "ours", reentrant, declare=True, engine="guard")
+
+
+# ------------------------------------------------------ the formulas left unwatched
+
+
+def test_a_plain_step_leaves_derivative_formulas_unwatched():
+    """The fast path is taken: without it every formula's operators pay the watch."""
+    C = require_extension()
+    gc.collect()  # (segments of earlier tests that a traceback kept alive)
+    assert C.write_watch_users() == 0
+    before = C.unwatched_applies()
+    _run("no write", "ours", declare=True, engine="journal")
+    assert C.unwatched_applies() > before
+
+
+def test_a_profiler_sees_every_backward_operator_of_a_watched_step():
+    """While anything else observes operators (here torch's profiler), no formula runs
+    unwatched: the profiler records the same operators as under torch's checkpoint."""
+
+    def counted(ckpt_kind):
+        torch.manual_seed(0)
+        seg1, seg2 = ShiftBlock(), ShiftBlock()
+        x = torch.randn(4, 8, requires_grad=True)
+        if ckpt_kind == "torch":
+            ckpt = lambda f, h: tcp.checkpoint(f, h, use_reentrant=False)  # noqa: E731
+        else:
+            ckpt = lambda f, h: tr.checkpoint(  # noqa: E731
+                f, h, use_reentrant=False, state=[f], engine="journal"
+            )
+        y = ckpt(seg2, ckpt(seg1, x) * 1.5)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            (y * 2.0).sum().backward()
+        names = [e.name for e in prof.events()]
+        return {n: names.count(n) for n in ("aten::mm", "aten::tanh_backward", "aten::mul")}
+
+    C = require_extension()
+    before = C.unwatched_applies()
+    ours = counted("ours")
+    assert C.unwatched_applies() == before
+    assert ours == counted("torch")
+    assert ours["aten::mm"] > 0
+
+
+def test_the_live_state_is_left_as_written(preserve):
+    """The journal puts the written bytes back after the re-run (what backward leaves
+    is what the writer wrote, as in eager)."""
+    (_, seg1_eager) = _run("custom Function", "eager")
+    (_, seg1_ours) = _run("custom Function", "ours", False)
+    assert storage_bytes(seg1_ours.shift) == storage_bytes(seg1_eager.shift)
