@@ -140,13 +140,6 @@ TORCH_REPLAY_BINDINGS(replay) {
   m.def("observer_depth", &observer_depth);
   m.def("observer_nesting", &observer_nesting);
   m.def("observer_known_operators", &observer_known_operators);
-  m.def(
-      "set_unwatched_formulas",
-      &set_unwatched_formulas,
-      py::arg("on"),
-      "Note [Unwatched derivative formulas]: on (default) or off");
-  m.def("unwatched_applies", &unwatched_applies);
-  m.def("write_watch_users", &write_watch_users);
 
   m.def(
       "apply_segment",

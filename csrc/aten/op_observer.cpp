@@ -2,14 +2,7 @@
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
-#include <ATen/SavedTensorHooks.h>
-#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/flat_hash_map.h>
-#include <torch/csrc/autograd/function.h>
-
-#include <atomic>
-#include <cstring>
-#include <typeinfo>
 
 #include <algorithm>
 #include <mutex>
@@ -112,41 +105,18 @@ struct ThreadState {
   // of every operator makes), the facts themselves never move (frames point
   // to them).
   ska::flat_hash_map<const char*, std::unique_ptr<OpInfo>> infos;
-  // Nesting of operators seen by the write watch (Note [Write watch]).
-  int watch_depth = 0;
   // Buffers reused by every callback (callbacks never nest: in_callback).
   std::vector<at::Tensor> tensors;
   std::vector<bool> writes;
   std::vector<bool> returned;
-  // One entry per operator whose start this thread's observer (resp. the
-  // write watch) saw and whose end it has not seen yet: its facts if it was
-  // counted in `depth` (resp. `watch_depth`), nullptr if not. RecordFunction
+  // One entry per operator whose start this thread's observer saw and whose
+  // end it has not seen yet: its facts if it was counted in `depth`, nullptr
+  // if not. RecordFunction
   // calls a callback's end exactly for the starts it called, on the same
   // thread, innermost first, so the ends pop what the starts pushed (no
   // ObserverContext allocated per operator, no second lookup of the facts).
   std::vector<const OpInfo*> frames;
-  std::vector<const OpInfo*> watch_frames;
-  // One entry per autograd node whose start the formula watch saw and whose
-  // end it has not: 1 if it turned RecordFunction off on this thread for the
-  // node's apply (Note [Unwatched derivative formulas]), else 0.
-  std::vector<char> formula_frames;
-  // Applies running unwatched on this thread (nested: a re-run's own
-  // backward inside one).
-  int unwatched = 0;
-  // Per observer_push: whether it turned RecordFunction back on inside an
-  // unwatched apply (a re-run started by an unpack), for observer_pop.
-  std::vector<char> push_enabled;
-  ska::flat_hash_map<const std::type_info*, bool> formula_types;
 };
-
-// Note [Unwatched derivative formulas]: the switch (tests and benchmarks turn
-// it off to compare), and how many applies ran unwatched (process-wide).
-std::atomic<bool> g_unwatched_formulas{true};
-std::atomic<int64_t> g_unwatched_applies{0};
-// A saved-tensor hook was active outside every segment while the watch was
-// registered (its unpack hook may run inside a formula): watch every apply
-// until the watch is released.
-std::atomic<bool> g_saved_tensor_hooks_seen{false};
 
 // The thread's state. The pointer is initial-exec TLS (a plain load, not a
 // __tls_get_addr call per operator); the owner, made once per thread, frees
@@ -187,8 +157,9 @@ const OpInfo& info_of(ThreadState& s, const at::RecordFunction& fn) {
   if (it == s.infos.end()) {
     OpInfo info = make_info(fn);
     if (!info.op) {
-      // A range named by a string (the engine's "evaluate_function: ..."),
-      // whose name lives in the RecordFunction itself: its address is no key.
+      // A range named by a string (the autograd engine's "evaluate_function:
+      // ..." of every node), whose name lives in the RecordFunction itself:
+      // its address is no key (one entry per address would accumulate).
       static const OpInfo kNotAnOperator = info;
       return kNotAnOperator;
     }
@@ -349,31 +320,16 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
 std::unique_ptr<at::ObserverContext> on_watch_start(
     const at::RecordFunction& fn) {
   ThreadState& s = state();
-  push_frame(s.watch_frames, nullptr);  // first of all, as in on_start
   // Inside a segment its transactions journal what it writes.
   if (s.in_callback || !s.stack.empty() ||
       fn.scope() != at::RecordScope::FUNCTION) {
     return nullptr;
   }
   const OpInfo& info = info_of(s, fn);
-  if (!info.op || info.skip) {
-    return nullptr;  // (not counted, as in on_start)
-  }
-  s.watch_frames.back() = &info;
-  const int depth = s.watch_depth++;
-  if (depth == 0 &&
-      !at::SavedTensorDefaultHooks::get_tls_state().stack.empty()) {
-    // Tensors this operator saves may be packed by a saved-tensor hook, whose
-    // unpack would run inside a formula (Note [Unwatched derivative
-    // formulas]).
-    g_saved_tensor_hooks_seen.store(true, std::memory_order_relaxed);
-  }
-  if (!info.may_write) {
+  // (Nested operators are looked at too: Note [Write watch].)
+  if (!info.op || info.skip || !info.may_write) {
     return nullptr;  // (Note [Write watch]: what is left unwatched)
   }
-  // (A nested operator is looked at too: a Python dispatch mode's or tensor
-  // subclass's __torch_dispatch__ runs inside the enclosing operator and may
-  // write anything, not only what that operator declares.)
   CallbackGuard guard(s);
   collect_arguments(
       info,
@@ -393,107 +349,10 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
   return nullptr;
 }
 
-void on_watch_end(const at::RecordFunction& /*fn*/, at::ObserverContext*) {
-  ThreadState& s = state();
-  if (pop_frame(s.watch_frames) != nullptr) {
-    --s.watch_depth;
-  }
-}
-
-// True if `node` is one of torch's generated derivative formulas
-// (torch::autograd::generated::AddmmBackward0, ...), cached per type.
-bool is_formula(ThreadState& s, const torch::autograd::Node& node) {
-  const std::type_info* type = &typeid(node);
-  auto it = s.formula_types.find(type);
-  if (it == s.formula_types.end()) {
-    static constexpr char kPrefix[] = "N5torch8autograd9generated";
-    const bool formula =
-        std::strncmp(type->name(), kPrefix, sizeof(kPrefix) - 1) == 0;
-    it = s.formula_types.emplace(type, formula).first;
-  }
-  return it->second;
-}
-
-// True if every callback an operator of this thread would run now is the
-// write watch's: turning RecordFunction off then hides nothing from anyone
-// else (a profiler, another observer, a segment's observer).
-bool only_the_watch_observes() {
-  if (!at::get_record_function_tls_().sorted_tls_callbacks_.empty()) {
-    return false;
-  }
-  const at::StepCallbacks callbacks =
-      at::getStepCallbacks(at::RecordScope::FUNCTION);
-  for (const auto& c : callbacks.callbacks_) {
-    if (c.start_ != &on_watch_start) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// Whether `node`'s apply may run unwatched (Note [Unwatched derivative
-// formulas]): its conditions, cheapest first.
-bool may_skip_apply(
-    ThreadState& s,
-    const at::RecordFunction& fn,
-    const torch::autograd::Node& node) {
-  if (static_cast<int64_t>(node.sequence_nr()) != fn.seqNr() ||
-      !is_formula(s, node)) {
-    return false;
-  }
-  for (uint32_t i = 0; i < node.num_inputs(); ++i) {
-    if (node.input_metadata(i).is_tensor_subclass()) {
-      return false;
-    }
-  }
-  return !c10::impl::TorchDispatchModeTLS::any_modes_set() &&
-      only_the_watch_observes();
-}
-
-std::unique_ptr<at::ObserverContext> on_formula_start(
-    const at::RecordFunction& fn) {
-  ThreadState& s = state();
-  // Every start pushes a frame for on_formula_end to pop, first of all.
-  if (s.formula_frames.size() == s.formula_frames.capacity()) {
-    s.formula_frames.reserve(
-        std::max<size_t>(64, 2 * s.formula_frames.capacity()));
-  }
-  s.formula_frames.push_back(0);
-  if (!g_unwatched_formulas.load(std::memory_order_relaxed) ||
-      g_saved_tensor_hooks_seen.load(std::memory_order_relaxed) ||
-      s.in_callback || !s.stack.empty() || !at::isRecordFunctionEnabled()) {
-    return nullptr;
-  }
-  const c10::intrusive_ptr<torch::autograd::Node> node =
-      torch::autograd::get_current_node();
-  if (!node || !may_skip_apply(s, fn, *node)) {
-    return nullptr;
-  }
-  at::enableRecordFunction(false);
-  ++s.unwatched;
-  s.formula_frames.back() = 1;
-  g_unwatched_applies.fetch_add(1, std::memory_order_relaxed);
-  return nullptr;
-}
-
-void on_formula_end(const at::RecordFunction& /*fn*/, at::ObserverContext*) {
-  ThreadState& s = state();
-  if (s.formula_frames.empty()) {
-    return;  // (an end whose start ran before the state existed)
-  }
-  const bool unwatched = s.formula_frames.back() != 0;
-  s.formula_frames.pop_back();
-  if (unwatched) {
-    --s.unwatched;
-    at::enableRecordFunction(true);
-  }
-}
-
 struct WriteWatch {
   std::mutex mutex;
   int users = 0;
   std::optional<at::CallbackHandle> handle;
-  std::optional<at::CallbackHandle> formula_handle;
 };
 
 WriteWatch& write_watch() {
@@ -633,12 +492,9 @@ void write_watch_acquire() {
   std::lock_guard<std::mutex> lock(w.mutex);
   if (w.users++ == 0) {
     w.handle = at::addGlobalCallback(
-        at::RecordFunctionCallback(on_watch_start, on_watch_end)
+        at::RecordFunctionCallback(on_watch_start, nullptr)
             .needsInputs(true)
             .scopes({at::RecordScope::FUNCTION}));
-    w.formula_handle = at::addGlobalCallback(
-        at::RecordFunctionCallback(on_formula_start, on_formula_end)
-            .scopes({at::RecordScope::BACKWARD_FUNCTION}));
   }
 }
 
@@ -648,35 +504,12 @@ void write_watch_release() {
   if (--w.users == 0 && w.handle.has_value()) {
     at::removeCallback(*w.handle);
     w.handle.reset();
-    at::removeCallback(*w.formula_handle);
-    w.formula_handle.reset();
-    g_saved_tensor_hooks_seen.store(false);
   }
-}
-
-void set_unwatched_formulas(bool on) {
-  g_unwatched_formulas.store(on);
-}
-
-int64_t unwatched_applies() {
-  return g_unwatched_applies.load();
-}
-
-int write_watch_users() {
-  WriteWatch& w = write_watch();
-  std::lock_guard<std::mutex> lock(w.mutex);
-  return w.users;
 }
 
 void observer_push(Transaction* txn, std::shared_ptr<ObserverGate> gate) {
   ThreadState& s = state();
   s.stack.push_back({txn, std::move(gate)});
-  // A re-run started by an unpack inside an unwatched apply (Note
-  // [Unwatched derivative formulas]) is observed: RecordFunction back on.
-  s.push_enabled.push_back(s.unwatched > 0 && !at::isRecordFunctionEnabled());
-  if (s.push_enabled.back()) {
-    at::enableRecordFunction(true);
-  }
   if (!s.handle.has_value()) {
     s.handle = add_operator_callback(on_start, on_end);
   }
@@ -703,12 +536,6 @@ void observer_pop(Transaction* txn) {
         0);
   }
   s.stack.pop_back();
-  if (!s.push_enabled.empty()) {
-    if (s.push_enabled.back()) {
-      at::enableRecordFunction(false);
-    }
-    s.push_enabled.pop_back();
-  }
   if (s.stack.empty() && s.handle.has_value()) {
     at::removeCallback(*s.handle);
     s.handle.reset();

@@ -70,16 +70,27 @@
 //   * What is left unwatched: an operator whose schema declares no write (and
 //     is not a batch norm) is dismissed after one lookup of its cached facts,
 //     without reading its arguments; so are operators run inside a segment
-//     (its transactions see them) and operators nested in another one's
-//     implementation (the enclosing operator's declared writes were
-//     recorded). The boxing of every operator's arguments cannot be left
-//     out: RecordFunction decides it per callback, not per operator, before
-//     the callback runs. The watch is needed for as long as a journaled,
-//     preserved or guarded segment waits, the backward included (hooks,
-//     FSDP's unshard, other threads write then). Measured: 0.3 us per
-//     operator of the process (benchmarks/results/replay_speed.md), against
-//     the hashing of every declared byte it replaces at the default level
-//     (Note [Verification levels]).
+//     (its transactions see them). An operator nested in another one's
+//     implementation is looked at like any other: a kernel writes what its
+//     operator declares or tensors it made, but the __torch_dispatch__ of a
+//     Python dispatch mode or tensor subclass runs inside the enclosing
+//     operator and may write anything (tests/test_backward_writes.py, a mode
+//     writing a buffer inside the backward's `expand`). The boxing of every
+//     operator's arguments cannot be left out: RecordFunction decides it per
+//     callback, not per operator, before the callback runs. The watch is
+//     needed for as long as a journaled, preserved or guarded segment waits,
+//     the backward included (hooks, FSDP's unshard, other threads write then).
+//   * Tried and measured, not kept: turning RecordFunction off on the thread
+//     for the apply of each of torch's generated derivative formulas (their
+//     operators write only the gradients they make), from a BACKWARD_FUNCTION
+//     callback. at::enableRecordFunction rebuilds the thread's whole callback
+//     cache (a mutex, a copy of the global callbacks, every scope), twice per
+//     node, which costs what the skipped operators cost: 211.7 M instructions
+//     against 210.6 M without it (callgrind, 3 steps of a 6-block d=64 GPT
+//     model under state=[block], engine="guard"; torch's checkpoint 176.3 M).
+//     The same rebuild runs twice per node anyway (the engine sets its
+//     ThreadLocalState per task), and allocates once a global callback is
+//     registered: part of the watch's price that no callback can lower.
 
 namespace torch_replay::aten {
 
@@ -173,12 +184,6 @@ c10::Device first_device(const std::vector<at::Tensor>& tensors);
 // transaction) / releases one registration.
 void write_watch_acquire();
 void write_watch_release();
-// Note [Unwatched derivative formulas]: turns the fast path on (default) or
-// off, process-wide; how many applies ran unwatched so far.
-void set_unwatched_formulas(bool on);
-int64_t unwatched_applies();
-// Live registrations of the write watch (for tests).
-int write_watch_users();
 
 // A switch shared by the observers of one segment (Python sets `paused`).
 struct ObserverGate {
