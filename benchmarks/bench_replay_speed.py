@@ -123,10 +123,10 @@ def _rounds(steps: dict, rounds: int) -> dict[str, dict[str, float]]:
 # ------------------------------------------------------------------ the models
 
 
-def gpt_steps() -> dict:
+def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
     torch.manual_seed(0)
-    blocks = nn.ModuleList(PreNormBlock(256, 4, dropout=0.1) for _ in range(6))
-    x = torch.randn(4, 128, 256)
+    blocks = nn.ModuleList(PreNormBlock(width, 4, dropout=0.1) for _ in range(6))
+    x = torch.randn(batch, seq, width)
 
     def step(ckpt):
         def run():

@@ -8,6 +8,8 @@ process per variant under ``perf record``, samples grouped by what they are.
     python -m benchmarks.perf_symbols --tool callgrind --steps 2   # instruction counts
     python -m benchmarks.perf_symbols --model llama --seq 64 --tool callgrind --steps 2 \
         --variants torch nostate guard auto    # the Llama model of bench_replay_speed
+    python -m benchmarks.perf_symbols --model gpt-small --tool callgrind --steps 3 \
+        --variants torch nostate guard preserve   # per-operator costs, a few minutes
 
 Samples are normalised by each run's samples in MKL's sgemm kernels (the same matrix work
 in every variant), so a group's figure reads "samples per unit of model work": the
@@ -87,12 +89,14 @@ def stop_recording(tool: str, perf) -> None:
     perf.wait()
 
 
-def _gpt_step(variant: str) -> Callable[[], None]:
-    """bench_replay_speed's GPT-style rows."""
+def _gpt_step(variant: str, small: bool = False) -> Callable[[], None]:
+    """bench_replay_speed's GPT-style rows (``small``: d=64, sequence 16, batch 2, where
+    the per-operator costs are most of the step and callgrind takes minutes)."""
     from benchmarks.bench_replay_speed import gpt_steps
 
     key = {"torch": "torch", "nostate": "no state", "preserve": 'detect="preserve"'}
-    return gpt_steps()[key.get(variant, f"state=[block], {variant}")]
+    steps = gpt_steps(64, 16, 2) if small else gpt_steps()
+    return steps[key.get(variant, f"state=[block], {variant}")]
 
 
 def _llama_step(variant: str, seq: int) -> Callable[[], None]:
@@ -112,7 +116,10 @@ def _step(
     torch.set_num_threads(1)
     if variant == "preserve":
         tr.config.detect = "preserve"
-    step = _llama_step(variant, seq) if model == "llama" else _gpt_step(variant)
+    if model == "llama":
+        step = _llama_step(variant, seq)
+    else:
+        step = _gpt_step(variant, small=model == "gpt-small")
     for i in range(steps + 2):
         if i == 2:  # two warm-up steps first; then this process samples itself
             gc.collect()  # (the warm-up's garbage is not the sampled steps')
@@ -179,6 +186,7 @@ def _record(
 
 MODELS = {
     "gpt": "GPT-style model, 6 blocks, d=256, every block checkpointed",
+    "gpt-small": "GPT-style model, 6 blocks, d=64, sequence 16, batch 2, every block checkpointed",
     "llama": "transformers' Llama, 4 layers, hidden 256, batch 2, every layer checkpointed "
     "through torch_replay.integrations.transformers.enable (torch: HF's own)",
 }
