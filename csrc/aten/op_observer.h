@@ -86,8 +86,10 @@
 //     callback. at::enableRecordFunction rebuilds the thread's whole callback
 //     cache (a mutex, a copy of the global callbacks, every scope), twice per
 //     node, which costs what the skipped operators cost: 211.7 M instructions
-//     against 210.6 M without it (callgrind, 3 steps of a 6-block d=64 GPT
-//     model under state=[block], engine="guard"; torch's checkpoint 176.3 M).
+//     against 210.6 M without it (a scratch build with the path behind a
+//     switch; callgrind, 3 steps of the 6-block d=64 GPT model of
+//     `perf_symbols --model gpt-small` under state=[block], engine="guard";
+//     torch's checkpoint 176.3 M).
 //     The same rebuild runs twice per node anyway (the engine sets its
 //     ThreadLocalState per task), and allocates once a global callback is
 //     registered: part of the watch's price that no callback can lower.
