@@ -208,3 +208,53 @@ def test_the_live_state_is_left_as_written(preserve):
     (_, seg1_eager) = _run("custom Function", "eager")
     (_, seg1_ours) = _run("custom Function", "ours", False)
     assert storage_bytes(seg1_ours.shift) == storage_bytes(seg1_eager.shift)
+
+
+# ------------------------------------------- a dispatch mode writing inside a segment
+
+
+class _TanhWriterMode(TorchDispatchMode):
+    """Adds 1 to ``blk.shift`` before every ``tanh``: a write made inside another
+    operator's dispatch (the observer sees it nested in ``tanh``)."""
+
+    def __init__(self, blk):
+        super().__init__()
+        self.blk = blk
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.tanh.default:
+            with torch.no_grad():
+                self.blk.shift.add_(1.0)
+        return func(*args, **(kwargs or {}))
+
+
+def _mode_program(mode, in_backward, engine="journal"):
+    torch.manual_seed(0)
+    blk = ShiftBlock()
+    x = torch.randn(4, 8, requires_grad=True)
+    with _TanhWriterMode(blk):
+        if mode == "eager":
+            y = blk(x)
+        else:
+            y = tr.checkpoint(blk, x, use_reentrant=False, state=[blk], engine=engine)
+    with _TanhWriterMode(blk) if in_backward else contextlib.nullcontext():
+        y.sum().backward()
+    return [x.grad, blk.lin.weight.grad], blk
+
+
+@pytest.mark.parametrize("engine", ["journal", "auto", "snapshot", "readset"])
+def test_declared_state_a_mode_writes_in_forward_and_rerun_is_eager(engine):
+    """The mode writes the declared buffer inside tanh's dispatch, in the forward and
+    again in the re-run: the re-run starts from the forward's bytes and ends where it
+    did, so the gradient and the state after backward are eager's."""
+    ref, blk_ref = _mode_program("eager", True)
+    ours, blk = _mode_program("ours", True, engine)
+    assert_bitwise(ours, ref)
+    assert storage_bytes(blk.shift) == storage_bytes(blk_ref.shift)
+
+
+def test_declared_state_a_mode_writes_in_the_forward_only_is_refused():
+    """Without the mode the re-run cannot reproduce the forward's write: refused, not a
+    gradient of another forward."""
+    with pytest.raises(tr.StateMutationError, match="shift"):
+        _mode_program("ours", False)

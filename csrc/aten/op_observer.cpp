@@ -262,8 +262,15 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
         }
       }
     }
-    const size_t kept =
-        keep_nested_writes(&tensors, &writes, s.top_keys, s.top_written);
+    const size_t kept = keep_nested_writes(
+        &tensors, &writes, s.top_keys, s.top_written, [&s](StorageKey key) {
+          for (const Entry& e : s.stack) {
+            if (!e.gate->paused && e.txn->declares(key)) {
+              return true;
+            }
+          }
+          return false;
+        });
     if (kept == 0) {
       return nullptr;
     }
@@ -459,7 +466,8 @@ size_t keep_nested_writes(
     std::vector<at::Tensor>* tensors,
     std::vector<bool>* writes,
     const std::vector<StorageKey>& top_keys,
-    const std::vector<StorageKey>& top_written) {
+    const std::vector<StorageKey>& top_written,
+    const std::function<bool(StorageKey)>& declared) {
   auto has = [](const std::vector<StorageKey>& v, StorageKey k) {
     return std::find(v.begin(), v.end(), k) != v.end();
   };
@@ -467,7 +475,8 @@ size_t keep_nested_writes(
   for (size_t i = 0; i < tensors->size(); ++i) {
     StorageKey key = 0;
     if ((*writes)[i] && observable_key((*tensors)[i], &key) &&
-        has(top_keys, key) && !has(top_written, key)) {
+        ((has(top_keys, key) && !has(top_written, key)) ||
+         (declared && !has(top_written, key) && declared(key)))) {
       (*tensors)[kept] = (*tensors)[i];
       (*writes)[kept] = (*writes)[i];
       ++kept;

@@ -19,7 +19,12 @@
 //   * Which operators: every dispatcher call (RecordScope::FUNCTION),
 //     composite operators and the operators they decompose into alike, but
 //     not the kernels an autograd kernel redispatches to. Views are skipped:
-//     they read no bytes, the operators that use them will.
+//     they read no bytes, the operators that use them will. Of an operator
+//     nested in another one's implementation, the writes kept are those to
+//     what the enclosing operator was given and to declared state (see
+//     keep_nested_writes): a Python dispatch mode's __torch_dispatch__ runs
+//     inside the operator it intercepts and may write a declared buffer
+//     (tests/test_backward_writes.py).
 //
 // Note [Alias-annotated composites]
 // A schema whose arguments carry a non-writing alias annotation, `Tensor(a)`,
@@ -46,6 +51,7 @@
 #include <ATen/record_function.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -172,12 +178,15 @@ void top_level_keys(
 // writes to storages the enclosing operator was given (`top_keys`) that it
 // does not declare (`top_written`): all the pre-existing or declared state a
 // kernel can reach (e.g. the running statistics written by the batch norm
-// inside instance_norm). Returns how many are left.
+// inside instance_norm). Also keeps writes to a storage `declared` says is
+// declared state: code a Python dispatch mode or tensor subclass runs inside
+// the enclosing operator may write any of it. Returns how many are left.
 size_t keep_nested_writes(
     std::vector<at::Tensor>* tensors,
     std::vector<bool>* writes,
     const std::vector<StorageKey>& top_keys,
-    const std::vector<StorageKey>& top_written);
+    const std::vector<StorageKey>& top_written,
+    const std::function<bool(StorageKey)>& declared = nullptr);
 // The device of the first defined tensor (CPU if none): where an operator
 // without an explicit generator draws from.
 c10::Device first_device(const std::vector<at::Tensor>& tensors);
