@@ -111,10 +111,10 @@ struct ThreadState {
   std::vector<bool> returned;
   // One entry per operator whose start this thread's observer saw and whose
   // end it has not seen yet: its facts if it was counted in `depth`, nullptr
-  // if not. RecordFunction
-  // calls a callback's end exactly for the starts it called, on the same
-  // thread, innermost first, so the ends pop what the starts pushed (no
-  // ObserverContext allocated per operator, no second lookup of the facts).
+  // if not. RecordFunction calls a callback's end exactly for the starts it
+  // called, on the same thread, innermost first, so the ends pop what the
+  // starts pushed (no ObserverContext allocated per operator, no second
+  // lookup of the facts).
   std::vector<const OpInfo*> frames;
 };
 
