@@ -265,7 +265,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     const size_t kept = keep_nested_writes(
         &tensors, &writes, s.top_keys, s.top_written, [&s](StorageKey key) {
           for (const Entry& e : s.stack) {
-            if (!e.gate->paused && e.txn->knows_preexisting(key)) {
+            if (!e.gate->paused && e.txn->declares(key)) {
               return true;
             }
           }

@@ -21,12 +21,10 @@
 //     not the kernels an autograd kernel redispatches to. Views are skipped:
 //     they read no bytes, the operators that use them will. Of an operator
 //     nested in another one's implementation, the writes kept are those to
-//     what the enclosing operator was given, to declared state and to
-//     pre-existing state the segment touched before (see
+//     what the enclosing operator was given and to declared state (see
 //     keep_nested_writes): a Python dispatch mode's __torch_dispatch__ runs
-//     inside the operator it intercepts and may write a buffer
-//     (tests/test_backward_writes.py). A kernel's own temporaries, made
-//     without the dispatcher, are none of these.
+//     inside the operator it intercepts and may write a declared buffer
+//     (tests/test_backward_writes.py).
 //
 // Note [Alias-annotated composites]
 // A schema whose arguments carry a non-writing alias annotation, `Tensor(a)`,
@@ -181,9 +179,8 @@ void top_level_keys(
 // does not declare (`top_written`): all the pre-existing or declared state a
 // kernel can reach (e.g. the running statistics written by the batch norm
 // inside instance_norm). Also keeps writes to a storage `declared` says is
-// declared state or pre-existing state the segment touched before: code a
-// Python dispatch mode or tensor subclass runs inside the enclosing operator
-// may write any of it. Returns how many are left.
+// declared state: code a Python dispatch mode or tensor subclass runs inside
+// the enclosing operator may write any of it. Returns how many are left.
 size_t keep_nested_writes(
     std::vector<at::Tensor>* tensors,
     std::vector<bool>* writes,
