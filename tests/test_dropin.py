@@ -161,6 +161,49 @@ def test_ambiguous_keyword_is_refused_before_running():
     assert calls == [{"state": "mine"}]
 
 
+def test_keyword_answer_follows_a_changed_signature():
+    """Whether the function takes ``state=`` is remembered per function (read once, not
+    at every call); a forward replaced on the instance, a new ``__signature__`` or a new
+    ``__code__`` is read again, as torch_replay reads a signature it has not seen."""
+    buf = torch.ones(3)
+    seen = []
+
+    class Block(torch.nn.Module):
+        def forward(self, a):
+            return a * buf
+
+    def takes_state(a, state=None):
+        seen.append(state)
+        return a * buf
+
+    def run(fn):
+        x = torch.randn(3, requires_grad=True)
+        y = tr.checkpoint(fn, x, state=[buf], use_reentrant=False)
+        y.sum().backward()
+
+    block = Block()
+    run(block)  # state= is torch_replay's: the forward takes none
+    assert seen == []
+    block.forward = takes_state  # now the function's
+    run(block)
+    assert seen == [[buf], [buf]]  # forward and re-run both got it
+
+    def plain(a):
+        assert seen is not None  # (the same free variables as takes_state)
+        return a * buf
+
+    run(plain)
+    plain.__signature__ = inspect.signature(takes_state)
+    with pytest.raises(TypeError):  # passed through: plain() takes no state
+        run(plain)
+    del plain.__signature__
+    run(plain)
+    plain.__code__ = takes_state.__code__
+    seen.clear()
+    run(plain)
+    assert seen == [[buf], [buf]]
+
+
 def test_plain_state_still_means_torch_replays_option_when_the_function_has_none():
     buf = torch.ones(3)
 

@@ -31,6 +31,7 @@ import functools
 import gc
 import inspect
 import re
+import weakref
 from typing import Any
 
 import torch
@@ -215,10 +216,49 @@ def _name_for_key(key: int, function, args, kwargs=None) -> str | None:
 # -------------------------------------------------------------------- spelling
 
 
+# A plain function -> (what its signature was read from, {name: answer}); weak in the
+# function, so a function that goes away takes its entry with it.
+_keyword_answers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _signature_inputs(f, bound: bool) -> tuple:
+    """What ``inspect.signature`` reads of the plain function ``f`` beside ``f``
+    itself (and whether it was reached through a bound method, which drops the first
+    parameter): an answer cached for ``f`` holds while these are the same objects."""
+    return (
+        bound,
+        getattr(f, "__code__", None),
+        getattr(f, "__signature__", None),
+        getattr(f, "__wrapped__", None),
+    )
+
+
 def _accepts_keyword(function, name: str) -> bool | None:
     """True if ``function`` has a parameter ``name`` that can be passed by
-    keyword, False if it certainly does not, None if it cannot tell."""
+    keyword, False if it certainly does not, None if it cannot tell.
+
+    Asked at every call of a segment given ``state=`` or ``engine=``. For a plain
+    function (a module's ``forward``, a bound method's function) the answer is kept
+    while what its signature is read from stays the same objects, so the signature is
+    read once per function instead of twice per segment; anything else is read every
+    time."""
     target = function.forward if isinstance(function, torch.nn.Module) else function
+    f = getattr(target, "__func__", target)
+    if not inspect.isfunction(f):
+        return _read_keyword(target, name)
+    inputs = _signature_inputs(f, f is not target)
+    entry = _keyword_answers.get(f)
+    if entry is None or any(a is not b for a, b in zip(entry[0], inputs, strict=True)):
+        entry = (inputs, {})
+        _keyword_answers[f] = entry
+    answers = entry[1]
+    if name not in answers:
+        answers[name] = _read_keyword(target, name)
+    return answers[name]
+
+
+def _read_keyword(target, name: str) -> bool | None:
+    """``_accepts_keyword`` read from ``target``'s signature."""
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
