@@ -261,17 +261,35 @@ def test_declared_state_a_mode_writes_in_the_forward_only_is_refused():
         _mode_program("ours", False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known gap (docs/limits.md): the C++ observer keeps a nested operator's writes "
-    "to declared state only, so a dispatch mode writing an undeclared buffer inside "
-    "another operator's dispatch is not seen; keeping writes to every pre-existing "
-    "storage the segment touched broke out= kernels that resize (op sweep, linalg.solve)",
-)
-def test_undeclared_state_a_mode_writes_after_the_segment_read_it():
+@pytest.mark.parametrize("detect", ["reads", "preserve"])
+def test_undeclared_state_a_mode_writes_after_the_segment_read_it(detect):
     """Undeclared: the segment reads ``shift`` (the add), then the mode writes it inside
-    tanh's dispatch, in the forward and in the re-run: eager's gradient and state."""
+    tanh's dispatch, in the forward and in the re-run. The write is the segment's own
+    write of pre-existing state, kept for the re-run: eager's gradient and state (no
+    second update left behind); without the mode in backward the re-run is refused."""
+    old = tr.config.detect
+    tr.config.detect = detect
+    try:
+        ref, blk_ref = _mode_program("eager", True)
+        ours, blk = _mode_program("ours", True, "auto", declare=False)
+        assert_bitwise(ours, ref)
+        assert storage_bytes(blk.shift) == storage_bytes(blk_ref.shift)
+        with pytest.raises(tr.StateMutationError, match="shift"):
+            _mode_program("ours", False, "auto", declare=False)
+    finally:
+        tr.config.detect = old
+
+
+def test_torch_checkpoint_is_wrong_on_the_undeclared_mode_write():
+    """The reference can fail: torch's checkpoint re-runs from the written buffer and
+    writes it again, a gradient and a state eager never had."""
     ref, blk_ref = _mode_program("eager", True)
-    ours, blk = _mode_program("ours", True, "auto", declare=False)
-    assert_bitwise(ours, ref)
-    assert storage_bytes(blk.shift) == storage_bytes(blk_ref.shift)
+    torch.manual_seed(0)
+    blk = ShiftBlock()
+    x = torch.randn(4, 8, requires_grad=True)
+    with _TanhWriterMode(blk):
+        y = tcp.checkpoint(blk, x, use_reentrant=False)
+    with _TanhWriterMode(blk):
+        y.sum().backward()
+    assert not torch.equal(x.grad, ref[0])
+    assert storage_bytes(blk.shift) != storage_bytes(blk_ref.shift)

@@ -206,6 +206,36 @@ void show_reshape(ThreadState& s, const at::RecordFunction& fn, bool after) {
   }
 }
 
+// Whether a transaction observing on this thread declares `key` or knows it
+// as a storage that existed before its forward and that the forward touched.
+bool known_preexisting(const ThreadState& s, StorageKey key) {
+  for (const Entry& e : s.stack) {
+    if (!e.gate->paused && e.txn->knows_preexisting(key)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Whether the storage-changing operator `fn`, nested in another one's
+// implementation, changes state the segment must put back: a storage the
+// enclosing operator was given (its out= argument, resized by the kernel) or
+// pre-existing state. A kernel's own temporary (made without being seen as
+// created, then resized: linalg_solve's LU) is neither; recording it as
+// pre-existing would make the kernel's later writes to it look like writes to
+// state (keep_nested_writes).
+bool nested_reshape_shown(const ThreadState& s, const at::RecordFunction& fn) {
+  c10::ArrayRef<const c10::IValue> inputs = fn.inputs();
+  StorageKey key = 0;
+  if (inputs.empty() || !inputs[0].isTensor() ||
+      !observable_key(inputs[0].toTensor(), &key)) {
+    return false;
+  }
+  return std::find(s.top_keys.begin(), s.top_keys.end(), key) !=
+             s.top_keys.end() ||
+         known_preexisting(s, key);
+}
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadState& s = state();
   // Every start pushes a frame for on_end to pop, first of all (nullptr: not
@@ -245,7 +275,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
       &writes,
       &generator,
       &s.returned);
-  if (info.reshapes) {
+  if (info.reshapes && (depth == 0 || nested_reshape_shown(s, fn))) {
     show_reshape(s, fn, /*after=*/false);
   }
   if (depth == 0) {
@@ -264,12 +294,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     }
     const size_t kept = keep_nested_writes(
         &tensors, &writes, s.top_keys, s.top_written, [&s](StorageKey key) {
-          for (const Entry& e : s.stack) {
-            if (!e.gate->paused && e.txn->declares(key)) {
-              return true;
-            }
-          }
-          return false;
+          return known_preexisting(s, key);
         });
     if (kept == 0) {
       return nullptr;

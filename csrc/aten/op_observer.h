@@ -21,10 +21,18 @@
 //     not the kernels an autograd kernel redispatches to. Views are skipped:
 //     they read no bytes, the operators that use them will. Of an operator
 //     nested in another one's implementation, the writes kept are those to
-//     what the enclosing operator was given and to declared state (see
+//     what the enclosing operator was given, to declared state and to
+//     pre-existing state the segment touched before (see
 //     keep_nested_writes): a Python dispatch mode's __torch_dispatch__ runs
-//     inside the operator it intercepts and may write a declared buffer
-//     (tests/test_backward_writes.py).
+//     inside the operator it intercepts and may write a buffer
+//     (tests/test_backward_writes.py). A kernel's own temporaries, made
+//     without the dispatcher, are none of these, so a storage-changing
+//     operator nested in another (the resize_ of linalg_solve's LU) is shown
+//     to the transactions only for a storage the enclosing operator was given
+//     or pre-existing state; shown for a temporary, it would make the temporary
+//     pre-existing state and the kernel's writes to it writes to state. Not
+//     seen: a nested write to undeclared state the segment has not touched
+//     before it (docs/limits.md).
 //
 // Note [Alias-annotated composites]
 // A schema whose arguments carry a non-writing alias annotation, `Tensor(a)`,
@@ -179,8 +187,9 @@ void top_level_keys(
 // does not declare (`top_written`): all the pre-existing or declared state a
 // kernel can reach (e.g. the running statistics written by the batch norm
 // inside instance_norm). Also keeps writes to a storage `declared` says is
-// declared state: code a Python dispatch mode or tensor subclass runs inside
-// the enclosing operator may write any of it. Returns how many are left.
+// declared state or pre-existing state the segment touched before: code a
+// Python dispatch mode or tensor subclass runs inside the enclosing operator
+// may write any of it. Returns how many are left.
 size_t keep_nested_writes(
     std::vector<at::Tensor>* tensors,
     std::vector<bool>* writes,

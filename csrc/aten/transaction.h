@@ -268,9 +268,10 @@ class Transaction {
   }
   // Name of a declared storage ("" if not declared).
   std::string name_of(StorageKey key) const;
-  // Whether `key` is a declared storage.
-  bool declares(StorageKey key) const {
-    return declared_.count(key) > 0;
+  // Whether `key` is a declared storage, or one that existed before the
+  // forward and that the forward has touched so far.
+  bool knows_preexisting(StorageKey key) const {
+    return declared_.count(key) > 0 || external_.count(key) > 0;
   }
   // Keys of the storages that existed before the forward and that it
   // touched, sorted: the segment's inputs, the declared storages it read or
