@@ -10,6 +10,8 @@ process per variant under ``perf record``, samples grouped by what they are.
         --variants torch nostate guard auto    # the Llama model of bench_replay_speed
     python -m benchmarks.perf_symbols --model gpt-small --tool callgrind --steps 3 \
         --variants torch nostate guard preserve   # per-operator costs, a few minutes
+    python -m benchmarks.perf_symbols --model small-ops --tool callgrind --steps 5 \
+        --variants torch nostate torch-reentrant nostate-reentrant   # bench_observer's rows
 
 Samples are normalised by each run's samples in MKL's sgemm kernels (the same matrix work
 in every variant), so a group's figure reads "samples per unit of model work": the
@@ -110,6 +112,33 @@ def _llama_step(variant: str, seq: int) -> Callable[[], None]:
     return llama_step(seq, "tr", replay_engine=variant)
 
 
+def _chain_step(variant: str, model: str) -> Callable[[], None]:
+    """bench_observer's chains of 64 segments: six operators on a 32 x 32 tensor
+    ("small-ops") or one on 4 floats ("segments", the fixed cost of a segment);
+    ``torch`` / ``nostate``, each ``-reentrant`` too."""
+    import torch.utils.checkpoint as tcp
+
+    from benchmarks.bench_observer import _chain_step as chain
+
+    base, _, reentrant = variant.partition("-")
+    if base not in ("torch", "nostate") or reentrant not in ("", "reentrant"):
+        raise SystemExit(f"{model}: variants are torch, nostate and their -reentrant forms")
+    ckpt = tcp.checkpoint if base == "torch" else tr.checkpoint
+    if model == "small-ops":
+        x = torch.randn(32, 32, requires_grad=True)
+
+        def block(a):
+            return torch.tanh(a * 0.9 + 0.1).sigmoid() * a - 0.01
+
+    else:
+        x = torch.randn(4, requires_grad=True)
+
+        def block(a):
+            return a * 2.0
+
+    return chain(ckpt, block, x, 64, bool(reentrant))
+
+
 def _step(
     variant: str, steps: int, data: str, tool: str = "perf", model: str = "gpt", seq: int = 256
 ) -> None:
@@ -118,6 +147,8 @@ def _step(
         tr.config.detect = "preserve"
     if model == "llama":
         step = _llama_step(variant, seq)
+    elif model in CHAINS:
+        step = _chain_step(variant, model)
     else:
         step = _gpt_step(variant, small=model == "gpt-small")
     for i in range(steps + 2):
@@ -189,31 +220,58 @@ MODELS = {
     "gpt-small": "GPT-style model, 6 blocks, d=64, sequence 16, batch 2, every block checkpointed",
     "llama": "transformers' Llama, 4 layers, hidden 256, batch 2, every layer checkpointed "
     "through torch_replay.integrations.transformers.enable (torch: HF's own)",
+    "small-ops": "64 checkpointed segments of six operators on a 32 x 32 tensor "
+    "(bench_observer's small-operator rows)",
+    "segments": "64 checkpointed one-operator segments on 4 floats (bench_observer's fixed "
+    "cost per segment)",
 }
+# Models without matrix work: their table counts thousands of instructions per step.
+CHAINS = ("small-ops", "segments")
 
 
 def markdown(
-    rows: dict[str, dict[str, int]], command: str, tool: str = "perf", model: str = "gpt"
+    rows: dict[str, dict[str, int]],
+    command: str,
+    tool: str = "perf",
+    model: str = "gpt",
+    steps: int = 1,
 ) -> str:
     names = list(rows)
     unit = "instructions (callgrind)" if tool == "callgrind" else "perf samples"
+    if model in CHAINS:  # (no matrix work to count by)
+        per = f"{unit}, thousands per step ({steps} steps recorded)"
+    else:
+        per = f"{unit} per 1,000 of sgemm (the model's matrix work, equal in every variant)"
     lines = [
         f"Command: `{command}`",
         "",
-        f"{unit} per 1,000 of sgemm (the model's matrix work, equal in every "
-        f"variant); {MODELS[model]}, one thread.",
+        f"{per}; {MODELS[model]}, one thread.",
         "",
         "| group | " + " | ".join(names) + " |",
         "| --- |" + " --- |" * len(names),
     ]
     groups = [g for g, _ in GROUPS] + ["other"]
     totals = {v: sum(c[g] for g in groups) for v, c in rows.items()}
+
+    def scaled(v: str, n: int) -> float:
+        if model in CHAINS:
+            return n / 1000 / steps
+        return 1000 * n / max(rows[v][GROUPS[0][0]], 1)
+
     for g in groups + ["total"]:
         cells = []
         for v in names:
             n = totals[v] if g == "total" else rows[v][g]
-            cells.append(f"{1000 * n / max(rows[v][GROUPS[0][0]], 1):.0f}")
+            cells.append(f"{scaled(v, n):.0f}")
         lines.append(f"| {g} | " + " | ".join(cells) + " |")
+    if model in CHAINS and names:
+
+        def base(v: str) -> str:  # torch's variant of the same use_reentrant, if recorded
+            same = "torch-reentrant" if v.endswith("-reentrant") else "torch"
+            return same if same in totals else names[0]
+
+        ratio = " | ".join(f"{totals[v] / max(totals[base(v)], 1):.3f}" for v in names)
+        lines.append(f"| total / torch's (same use_reentrant) | {ratio} |")
     full = " | ".join(str(rows[v]["full collections"]) for v in names)
     lines.append(f"| full GC collections in the sampled steps (count) | {full} |")
     return "\n".join(lines) + "\n"
@@ -241,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         rows = {v: _record(v, steps, tmp, args.tool, args.model, args.seq) for v in args.variants}
     command = "python -m benchmarks.perf_symbols " + " ".join(argv or sys.argv[1:])
-    return emit(markdown(rows, command.strip(), args.tool, args.model), args.out)
+    return emit(markdown(rows, command.strip(), args.tool, args.model, steps), args.out)
 
 
 if __name__ == "__main__":
