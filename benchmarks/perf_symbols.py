@@ -238,8 +238,10 @@ def markdown(
 ) -> str:
     names = list(rows)
     unit = "instructions (callgrind)" if tool == "callgrind" else "perf samples"
-    if model in CHAINS:  # (no matrix work to count by)
+    if model in CHAINS and tool == "callgrind":  # (no matrix work to count by)
         per = f"{unit}, thousands per step ({steps} steps recorded)"
+    elif model in CHAINS:
+        per = f"{unit} over the {steps} recorded steps"
     else:
         per = f"{unit} per 1,000 of sgemm (the model's matrix work, equal in every variant)"
     lines = [
@@ -255,7 +257,7 @@ def markdown(
 
     def scaled(v: str, n: int) -> float:
         if model in CHAINS:
-            return n / 1000 / steps
+            return n / 1000 / steps if tool == "callgrind" else n
         return 1000 * n / max(rows[v][GROUPS[0][0]], 1)
 
     for g in groups + ["total"]:
