@@ -492,7 +492,7 @@ size_t keep_nested_writes(
     std::vector<bool>* writes,
     const std::vector<StorageKey>& top_keys,
     const std::vector<StorageKey>& top_written,
-    const std::function<bool(StorageKey)>& declared) {
+    const std::function<bool(StorageKey)>& known) {
   auto has = [](const std::vector<StorageKey>& v, StorageKey k) {
     return std::find(v.begin(), v.end(), k) != v.end();
   };
@@ -501,7 +501,7 @@ size_t keep_nested_writes(
     StorageKey key = 0;
     if ((*writes)[i] && observable_key((*tensors)[i], &key) &&
         ((has(top_keys, key) && !has(top_written, key)) ||
-         (declared && !has(top_written, key) && declared(key)))) {
+         (known && !has(top_written, key) && known(key)))) {
       (*tensors)[kept] = (*tensors)[i];
       (*writes)[kept] = (*writes)[i];
       ++kept;

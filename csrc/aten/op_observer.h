@@ -202,7 +202,7 @@ void top_level_keys(
 // writes to storages the enclosing operator was given (`top_keys`) that it
 // does not declare (`top_written`): all the pre-existing or declared state a
 // kernel can reach (e.g. the running statistics written by the batch norm
-// inside instance_norm). Also keeps writes to a storage `declared` says is
+// inside instance_norm). Also keeps writes to a storage `known` says is
 // declared state or pre-existing state the segment touched before: code a
 // Python dispatch mode or tensor subclass runs inside the enclosing operator
 // may write any of it. Returns how many are left.
@@ -211,7 +211,7 @@ size_t keep_nested_writes(
     std::vector<bool>* writes,
     const std::vector<StorageKey>& top_keys,
     const std::vector<StorageKey>& top_written,
-    const std::function<bool(StorageKey)>& declared = nullptr);
+    const std::function<bool(StorageKey)>& known = nullptr);
 // The device of the first defined tensor (CPU if none): where an operator
 // without an explicit generator draws from.
 c10::Device first_device(const std::vector<at::Tensor>& tensors);

@@ -269,9 +269,10 @@ class Transaction {
   // Name of a declared storage ("" if not declared).
   std::string name_of(StorageKey key) const;
   // Whether `key` is a declared storage, or one that existed before the
-  // forward and that the forward has touched so far.
+  // forward and that the forward has touched so far (begin_forward puts the
+  // declared storages among those).
   bool knows_preexisting(StorageKey key) const {
-    return declared_.count(key) > 0 || external_.count(key) > 0;
+    return external_.count(key) > 0;
   }
   // Keys of the storages that existed before the forward and that it
   // touched, sorted: the segment's inputs, the declared storages it read or
