@@ -74,11 +74,11 @@ def _extension():
         # 51 s of CPU with it, 29 s without).
         cxx += ["-g0"]
     asan = os.environ.get("TORCH_REPLAY_ASAN", "0") == "1"
-    link = []
+    link = ["-ldl"]  # dlopen/dlsym (Note [Steady heap]); in libc itself from glibc 2.34
     if asan:
         cxx = [c for c in cxx if not c.startswith(("-O", "-g"))]
         cxx += BUILD["ASAN_FLAGS"].split()
-        link = ["-fsanitize=address"]
+        link += ["-fsanitize=address"]
     sources = (
         _sources("csrc/core/*.cpp") + _sources("csrc/aten/*.cpp") + _sources("csrc/python/*.cpp")
     )

@@ -4,6 +4,7 @@ processes: the rows that say whether being right costs anything (CPU, one thread
     python -m benchmarks.bench_replay_speed                 # 3 processes, a few minutes each
     python -m benchmarks.bench_replay_speed --quick         # 1 process, few rounds (smoke)
     python -m benchmarks.bench_replay_speed --out benchmarks/results/replay_speed.md
+    python -m benchmarks.bench_replay_speed --heap system   # glibc left as it is
 
 Rows (each a ratio to torch's checkpoint of the same model, measured in the same rounds):
 
@@ -47,7 +48,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
-from benchmarks.cli import add_out_quick, emit, run_module
+from benchmarks.cli import add_out_quick, child_env, emit, run_module
 from benchmarks.counters import GCClock, process_counters
 from benchmarks.models import PreNormBlock
 
@@ -265,6 +266,7 @@ def child(rounds: int, seq: int) -> dict:
         res[f"small-op, use_reentrant={reentrant}"] = _rounds(small_op_steps(reentrant), rounds)
         res[f"segment, use_reentrant={reentrant}"] = _rounds(segment_steps(reentrant), rounds)
     res["kept"] = kept_bytes(seq)
+    res["heap"] = tr.heap_setting()
     return res
 
 
@@ -279,13 +281,16 @@ def markdown(runs: list[dict], command: str, rounds: int) -> str:
         "per process, then the median of the processes. CPU: the process's CPU time; "
         "wall: wall time (load from other jobs shows in wall time first).",
         "",
+        f"glibc's heap (`tr.config.heap`, Note [Steady heap]): {runs[0]['heap'] or 'left as it is'}.",
+        "",
     ]
-    for group in (k for k in runs[0] if k != "kept"):
+    for group in (k for k in runs[0] if k not in ("kept", "heap")):
         base = runs[0][group]["cpu"]
         lines += [
             f"## {group}",
             "",
-            f"torch's step, CPU s (process 1): {base['base_s']:.4f}",
+            "torch's step, CPU s (per process): "
+            + " / ".join(f"{r[group]['cpu']['base_s']:.4f}" for r in runs),
             "",
             "| variant | ratio, CPU | per process, CPU | ratio, wall | per process, wall |",
             "| --- | --- | --- | --- | --- |",
@@ -321,6 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--processes", type=int, default=None, help="separate processes (3)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per process (15)")
+    p.add_argument(
+        "--heap",
+        choices=("steady", "system"),
+        default="steady",
+        help="tr.config.heap in the measuring processes (default: steady, the default)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     add_out_quick(p, quick="1 process, 3 rounds, sequence 64")
     args = p.parse_args(argv)
@@ -332,7 +343,11 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for _ in range(args.processes or (1 if args.quick else 3)):
         child_args = ["--child", "--rounds", str(rounds)] + (["--quick"] if args.quick else [])
-        proc = run_module("benchmarks.bench_replay_speed", child_args)
+        proc = run_module(
+            "benchmarks.bench_replay_speed",
+            child_args,
+            env=child_env(TORCH_REPLAY_HEAP=args.heap),
+        )
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr)
             return proc.returncode

@@ -15,6 +15,7 @@ from .checkpoint import (
     checkpoint_sequential,
     config,
     engine_bytes,
+    heap_setting,
     last_transaction,
 )
 from .errors import (
@@ -53,6 +54,7 @@ __all__ = [
     "checkpoint_wrapper",
     "config",
     "engine_bytes",
+    "heap_setting",
     "last_transaction",
     "plan",
     "schedule",

@@ -69,6 +69,17 @@ class ReplayConfig:
     operator) or ``"python"`` (a TorchDispatchMode, about 10 µs per operator; the
     reference implementation)."""
 
+    heap: str = os.environ.get("TORCH_REPLAY_HEAP", "steady")
+    """glibc's heap under checkpointing (Note [Steady heap] in csrc/core/heap_policy.h).
+    ``"steady"`` (default): at the first checkpoint call, set glibc's mmap threshold
+    to 32 MiB and its trim threshold to 64 MiB (the values glibc adopts by itself once
+    the process frees a 32 MiB block), so that a step does not give the top of the
+    heap back to the system and fault it in again in the next one; skipped when the
+    user set glibc's malloc thresholds (``MALLOC_*_`` or ``GLIBC_TUNABLES``) or malloc
+    is not glibc's. ``heap_setting()`` says what was done. ``"system"``: leave glibc
+    as it is (a small model then pays minor page faults every step that torch's
+    checkpoint does not; benchmarks/results/replay_speed.md)."""
+
     observe: bool = True
     """Run the forward and the re-run under the observer (needed for declared
     state, explicit generators, undeclared writes, overlap and integer-write
@@ -79,7 +90,29 @@ class ReplayConfig:
 config = ReplayConfig()
 _DETECT_LEVELS = ("saved", "reads", "preserve")
 _VERIFY_LEVELS = ("dispatcher", "bytes")
+_HEAP_SETTINGS = ("steady", "system")
+_heap_set = False
 _last_txn: weakref.ReferenceType | None = None
+
+
+def steady_heap() -> None:
+    """Apply ``config.heap`` (once per process, at the first checkpoint call)."""
+    global _heap_set
+    heap = config.heap
+    if heap == "steady":
+        if not _heap_set:
+            require_extension().steady_heap()
+            _heap_set = True
+    elif heap != "system":
+        raise ValueError(f"torch_replay.config.heap must be one of {_HEAP_SETTINGS}, got {heap!r}")
+
+
+def heap_setting() -> str:
+    """What ``config.heap="steady"`` did to glibc's heap in this process: ``"set: ..."``
+    (the thresholds it set), ``"left: ..."`` (why it changed nothing: the user's own
+    ``MALLOC_*_`` setting, another allocator) or ``""`` (no checkpoint call under
+    ``"steady"`` yet)."""
+    return str(require_extension().steady_heap_outcome())
 
 
 def engine_bytes() -> int:

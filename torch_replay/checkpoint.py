@@ -36,7 +36,9 @@ from ._segment import (  # noqa: F401  (the public names live on here)
     collect_transactions,
     config,
     engine_bytes,
+    heap_setting,
     last_transaction,
+    steady_heap,
 )
 from .compiled import checkpoint_compiled, constant_under_compile
 
@@ -220,6 +222,7 @@ def checkpoint(
         raise ValueError(
             f"torch_replay.config.observer must be one of ('c++', 'python'), got {config.observer!r}"
         )
+    steady_heap()  # Note [Steady heap]
     _fsdp.install()  # FSDP2's unshard/reshard is not the segment's (Note [FSDP traffic])
     if not torch.is_grad_enabled():
         # Nothing will be differentiated: run plainly (as torch does).
