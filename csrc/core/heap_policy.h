@@ -31,7 +31,10 @@
 // to 32 MiB come from the heap from the start instead of after glibc's first
 // adjustment; any mallopt call also ends glibc's dynamic adjustment, which
 // would at most have reached the same values. Nothing is allocated, freed or
-// moved. tr.config.heap = "system" (TORCH_REPLAY_HEAP=system) leaves glibc
+// moved. Peak-RSS figures taken above the level at a step's start
+// (tr.step_peak's physical_peak, the calibration's physical_peak_delta) then
+// count only what a step needs beyond the heap it kept from the step before.
+// tr.config.heap = "system" (TORCH_REPLAY_HEAP=system) leaves glibc
 // alone; the figures with and without it are in
 // benchmarks/results/replay_speed.md.
 
