@@ -33,14 +33,28 @@ from benchmarks.cli import add_out_quick, emit, markdown_table
 BACKENDS = ("inductor", "torch_replay")
 
 
-def instructions(data: str) -> int:
-    """The instructions callgrind counted: its last ``totals:`` line (the ``summary:`` line
-    of the header is written before the instrumentation is turned on, as 0)."""
+def totals(data: str) -> dict[str, int]:
+    """Every event callgrind counted (``Ir``, and ``I1mr``, ``Bcm``... under
+    ``--cache-sim``/``--branch-sim``), from its last ``totals:`` line, named by its
+    ``events:`` line (the ``summary:`` line of the header is written before the
+    instrumentation is turned on, as 0)."""
     with open(data) as f:
-        found = re.findall(r"^totals:\s+(\d+)", f.read(), re.M)
-    if not found or int(found[-1]) == 0:
+        text = f.read()
+    events = re.findall(r"^events:\s+(.*)$", text, re.M)
+    found = re.findall(r"^totals:\s+(.*)$", text, re.M)
+    if not events or not found:
+        return {}
+    counts = [int(n) for n in found[-1].split()]
+    names = events[-1].split()
+    return dict(zip(names, counts + [0] * (len(names) - len(counts)), strict=True))
+
+
+def instructions(data: str) -> int:
+    """The instructions callgrind counted (``totals``' ``Ir``)."""
+    n = totals(data).get("Ir", 0)
+    if n == 0:
         raise RuntimeError(f"callgrind counted no instruction in {data}")
-    return int(found[-1])
+    return n
 
 
 def count(name: str, runs: int, tmp: str) -> dict[str, list[int]]:

@@ -47,6 +47,7 @@ import torch
 
 import torch_replay as tr
 from benchmarks.cli import ROOT, add_out_quick, child_env, emit
+from benchmarks.count_compile import totals
 from benchmarks.counters import GCClock
 
 GROUPS = (  # (group, regular expression on "dso symbol"), first match wins
@@ -170,7 +171,7 @@ def _output(cmd: list[str]) -> str:
 def _symbols(tool: str, data: str):
     """(count, dso, symbol) of every symbol the recording holds."""
     if tool == "callgrind":
-        report = _output(["callgrind_annotate", "--threshold=100", data])
+        report = _output(["callgrind_annotate", "--threshold=100", "--show=Ir", data])
         for line in report.splitlines():
             m = re.match(r"\s*([\d,]+) \([^)]*\)\s+(.*?)\s+\[(.*)\]$", line)
             if m:
@@ -184,8 +185,38 @@ def _symbols(tool: str, data: str):
             yield int(m.group(1)), m.group(2), m.group(3)
 
 
+# callgrind's simulated events (--cache-sim=yes --branch-sim=yes): valgrind's model of a
+# 32 KiB L1 instruction / data cache, the last-level cache and the branch predictors,
+# not this CPU's; what an instruction count cannot tell apart (the same instructions run
+# at different speeds when they miss the caches or mispredict more).
+SIMULATED = (
+    ("Ir", "instructions"),
+    ("I1mr", "L1 instruction-cache misses"),
+    ("D1mr", "L1 data-cache read misses"),
+    ("D1mw", "L1 data-cache write misses"),
+    ("DLmr", "last-level data-cache read misses"),
+    ("Bcm", "mispredicted conditional branches"),
+    ("Bim", "mispredicted indirect branches"),
+)
+
+
+def _simulated(data: str) -> dict[str, int]:
+    """The recording's totals of SIMULATED's events."""
+    counted = totals(data)
+    missing = [e for e, _ in SIMULATED if e not in counted]
+    if missing:
+        raise RuntimeError(f"callgrind recorded no {', '.join(missing)} in {data}")
+    return {e: counted[e] for e, _ in SIMULATED}
+
+
 def _record(
-    variant: str, steps: int, tmp: str, tool: str = "perf", model: str = "gpt", seq: int = 256
+    variant: str,
+    steps: int,
+    tmp: str,
+    tool: str = "perf",
+    model: str = "gpt",
+    seq: int = 256,
+    cache_sim: bool = False,
 ) -> dict[str, int]:
     data = os.path.join(tmp, f"{variant}.data")
     child = ["-m", "benchmarks.perf_symbols", "--child", variant, str(steps), data]
@@ -197,6 +228,7 @@ def _record(
             "--tool=callgrind",
             "--instr-atstart=no",
             f"--callgrind-out-file={data}",
+            *(["--cache-sim=yes", "--branch-sim=yes"] if cache_sim else []),
             *cmd,
         ]
     subprocess.run(cmd, cwd=ROOT, env=child_env(), check=True, capture_output=True)
@@ -212,6 +244,8 @@ def _record(
                 break
         else:
             counts["other"] += n
+    if cache_sim:
+        counts["simulated"] = _simulated(data)
     return counts
 
 
@@ -276,7 +310,36 @@ def markdown(
         lines.append(f"| total / torch's (same use_reentrant) | {ratio} |")
     full = " | ".join(str(rows[v]["full collections"]) for v in names)
     lines.append(f"| full GC collections in the sampled steps (count) | {full} |")
+    if names and "simulated" in rows[names[0]]:
+        lines += _simulated_table(rows, names, steps)
     return "\n".join(lines) + "\n"
+
+
+def _simulated_table(rows: dict, names: list[str], steps: int) -> list[str]:
+    """SIMULATED's events, thousands per recorded step, each with its ratio to torch's
+    (of the same use_reentrant, if recorded)."""
+
+    def base(v: str) -> str:
+        same = "torch-reentrant" if v.endswith("-reentrant") else "torch"
+        return same if same in rows else names[0]
+
+    lines = [
+        "",
+        "Simulated by callgrind (`--cache-sim=yes --branch-sim=yes`: valgrind's model of a "
+        "32 KiB L1 instruction and data cache, the last-level cache and the branch "
+        "predictors, not this CPU's), thousands per recorded step, and the ratio to torch's "
+        "of the same use_reentrant.",
+        "",
+        "| event | " + " | ".join(names) + " |",
+        "| --- |" + " --- |" * len(names),
+    ]
+    for e, what in SIMULATED:
+        cells = []
+        for v in names:
+            n, b = rows[v]["simulated"][e], rows[base(v)]["simulated"][e]
+            cells.append(f"{n / 1000 / steps:,.0f} ({n / max(b, 1):.3f})")
+        lines.append(f"| {what} ({e}) | " + " | ".join(cells) + " |")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,11 +350,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tool", choices=("perf", "callgrind"), default="perf")
     p.add_argument("--model", choices=tuple(MODELS), default="gpt")
     p.add_argument("--seq", type=int, default=256, help="Llama's sequence length (256)")
+    p.add_argument(
+        "--cache-sim",
+        action="store_true",
+        help="with --tool callgrind: also simulate the caches and branch predictors",
+    )
     add_out_quick(p, quick="5 steps (1 with callgrind)")
     args = p.parse_args(argv)
     if args.child:
         _step(args.child[0], int(args.child[1]), args.child[2], args.tool, args.model, args.seq)
         return 0
+    if args.cache_sim and args.tool != "callgrind":
+        p.error("--cache-sim simulates under valgrind: give --tool callgrind with it")
     needs = ("valgrind", "callgrind_annotate") if args.tool == "callgrind" else ("perf",)
     missing = [t for t in needs if shutil.which(t) is None]
     if missing:
@@ -299,7 +369,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     steps = (1 if args.tool == "callgrind" else 5) if args.quick else args.steps
     with tempfile.TemporaryDirectory() as tmp:
-        rows = {v: _record(v, steps, tmp, args.tool, args.model, args.seq) for v in args.variants}
+        rows = {
+            v: _record(v, steps, tmp, args.tool, args.model, args.seq, args.cache_sim)
+            for v in args.variants
+        }
     command = "python -m benchmarks.perf_symbols " + " ".join(argv or sys.argv[1:])
     return emit(markdown(rows, command.strip(), args.tool, args.model, steps), args.out)
 

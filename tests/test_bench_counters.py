@@ -7,8 +7,9 @@ import gc
 
 import pytest
 
-from benchmarks.count_compile import instructions
+from benchmarks.count_compile import instructions, totals
 from benchmarks.counters import GCClock, process_counters
+from benchmarks.perf_symbols import _simulated
 
 
 def test_gc_clock_sees_a_full_collection_and_stops_when_closed():
@@ -47,3 +48,18 @@ def test_instructions_reads_the_last_total_not_the_header(tmp_path):
     data.write_text("version: 1\nevents: Ir\nsummary: 0\ntotals: 0\n")
     with pytest.raises(RuntimeError, match="no instruction"):
         instructions(str(data))
+
+
+def test_totals_names_every_simulated_event_and_fills_trailing_zeros(tmp_path):
+    data = tmp_path / "out.callgrind"
+    data.write_text(
+        "version: 1\nevents: Ir I1mr D1mr Bcm Bim\nsummary: 0\nfn=main\n1 5 1\ntotals: 900 12 7 3\n"
+    )
+    assert totals(str(data)) == {"Ir": 900, "I1mr": 12, "D1mr": 7, "Bcm": 3, "Bim": 0}
+
+
+def test_simulated_events_of_a_recording_without_the_simulation_are_refused(tmp_path):
+    data = tmp_path / "out.callgrind"
+    data.write_text("version: 1\nevents: Ir\nsummary: 0\nfn=main\n1 5\ntotals: 1234\n")
+    with pytest.raises(RuntimeError, match="no I1mr, D1mr, D1mw, DLmr, Bcm, Bim"):
+        _simulated(str(data))
