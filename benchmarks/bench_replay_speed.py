@@ -1,7 +1,7 @@
 """torch_replay's step time against torch.utils.checkpoint's, repeated in separate
 processes: the rows that say whether being right costs anything (CPU, one thread).
 
-    python -m benchmarks.bench_replay_speed                 # 3 processes, a few minutes each
+    python -m benchmarks.bench_replay_speed                 # 5 processes, 2-3 minutes each
     python -m benchmarks.bench_replay_speed --quick         # 1 process, few rounds (smoke)
     python -m benchmarks.bench_replay_speed --out benchmarks/results/replay_speed.md
     python -m benchmarks.bench_replay_speed --heap system   # glibc left as it is
@@ -13,12 +13,15 @@ gpt:        the 6-block GPT-style model of benchmarks/bench_observer.py (d=256, 
             ``detect="preserve"`` with nothing declared, and ``verify="bytes"`` (the
             hashing level, Note [Verification levels]).
 llama:      a Llama-style Hugging Face model (4 layers, hidden 256, sequence 256, batch 2,
-            dropout 0.1): transformers' own checkpointing against
+            dropout 0.1), one model for every variant: transformers' own checkpointing against
             ``torch_replay.integrations.transformers.enable(model)`` (each layer declared)
             under each engine, and ``enable(model, replay_state=None)`` under
             ``detect="preserve"``.
 small-op:   64 segments of a 6-operator block on 32x32, ``use_reentrant`` False and True.
 segment:    64 one-operator segments (the fixed cost of a segment).
+
+Every group also runs torch's own variant twice per round: the second one's ratio (the
+A/A row) is what a ratio reads when nothing differs, the group's noise floor.
 
 Each process runs interleaved rounds (every variant once per round, odd rounds in reverse
 order) and reports, per row, the median over rounds of the variant's time over torch's time
@@ -53,6 +56,50 @@ from benchmarks.counters import GCClock, process_counters
 from benchmarks.models import PreNormBlock
 
 ENGINES = ("auto", "journal", "readset", "guard", "snapshot")
+# A second run of torch's own variant in every round: its ratio to the first is the
+# noise floor of the group (what a ratio means when nothing differs).
+AGAIN = "torch's checkpoint again (A/A: the noise floor)"
+# torch's own variant under callbacks that do nothing, registered as the observer's
+# and the write watch's are (Note [Observation floor] in csrc/aten/op_observer.h).
+FLOOR = "torch's checkpoint + do-nothing observer callback (floor)"
+FLOOR_WATCH = "torch's checkpoint + do-nothing observer and watch callbacks (floor)"
+
+
+def _floor_fn(fn):
+    """``fn`` run with the do-nothing observer callback on its thread (the forward and
+    the re-run of a segment that checkpoints it)."""
+    from torch_replay._ext import require_extension
+
+    C = require_extension()
+
+    def run(*args, **kwargs):
+        C._floor_observer(True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            C._floor_observer(False)
+
+    return run
+
+
+def _watch_floor(step):
+    """``step`` with the do-nothing process-wide callback registered throughout (the
+    write watch is registered while a declared or preserved segment waits: from the
+    first forward to the last re-run)."""
+    from torch_replay._ext import require_extension
+
+    C = require_extension()
+
+    def run():
+        C._floor_watch(True)
+        try:
+            step()
+        finally:
+            C._floor_watch(False)
+
+    return run
+
+
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
@@ -142,6 +189,9 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
     def torch_ckpt(blk, h):
         return tcp.checkpoint(blk, h, use_reentrant=False)
 
+    def floor_ckpt(blk, h):
+        return tcp.checkpoint(_floor_fn(blk), h, use_reentrant=False)
+
     def ours(engine=None):
         def ckpt(blk, h):
             if engine is None:
@@ -150,8 +200,12 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
 
         return ckpt
 
+    torch_step = step(torch_ckpt)
     return {
-        "torch": step(torch_ckpt),
+        "torch": torch_step,
+        AGAIN: torch_step,
+        FLOOR: step(floor_ckpt),
+        FLOOR_WATCH: _watch_floor(step(floor_ckpt)),
         "no state": step(ours()),
         **{f"state=[block], {e}": step(ours(e)) for e in ENGINES},
         'detect="preserve"': _settings(detect="preserve")(step(ours())),
@@ -180,10 +234,40 @@ def llama_step(seq: int, mode: str, **options):
 
 
 def llama_steps(seq: int) -> dict:
-    variant = functools.partial(llama_step, seq)
+    """The Llama rows, every variant on one model (as the GPT rows), so that they
+    differ only in the function each layer checkpoints with: each variant turns
+    checkpointing on its way once (``hf_turn_on``), keeps the functions that put on
+    the layers, and puts them back before each of its steps."""
+    from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
+    from torch_replay.integrations.transformers import layers
 
+    ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
+    model = build_hf("llama", layers=4, hidden=256)
+    model.train()
+    found = layers(model)
+
+    def variant(mode: str, floor: bool = False, **options):
+        hf_turn_on(model, mode, **options)
+        functions = [layer._gradient_checkpointing_func for layer in found]
+        if floor:
+            functions = [
+                functools.partial(lambda f, fn, *a: f(_floor_fn(fn), *a), f) for f in functions
+            ]
+
+        def run():
+            for layer, f in zip(found, functions, strict=True):
+                layer._gradient_checkpointing_func = f
+            model(input_ids=ids, labels=ids).loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        return run
+
+    torch_step = variant("torch")
     return {
-        "torch": variant("torch"),
+        "torch": torch_step,
+        AGAIN: torch_step,
+        FLOOR: variant("torch", floor=True),
+        FLOOR_WATCH: _watch_floor(variant("torch", floor=True)),
         **{f"enable(model), {e}": variant("tr", replay_engine=e) for e in ENGINES},
         'enable(model, replay_state=None), detect="preserve"': _settings(detect="preserve")(
             variant("tr", replay_state=None)
@@ -203,7 +287,17 @@ def chain_steps(block, x0: torch.Tensor, reentrant: bool) -> dict:
 
         return run
 
-    return {"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}
+    def floor_ckpt(fn, *args, **kwargs):
+        return tcp.checkpoint(_floor_fn(fn), *args, **kwargs)
+
+    torch_step = step(tcp.checkpoint)
+    return {
+        "torch": torch_step,
+        AGAIN: torch_step,
+        FLOOR: step(floor_ckpt),
+        FLOOR_WATCH: _watch_floor(step(floor_ckpt)),
+        "torch_replay": step(tr.checkpoint),
+    }
 
 
 def small_op_steps(reentrant: bool) -> dict:
@@ -324,7 +418,7 @@ def markdown(runs: list[dict], command: str, rounds: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--processes", type=int, default=None, help="separate processes (3)")
+    p.add_argument("--processes", type=int, default=None, help="separate processes (5)")
     p.add_argument("--rounds", type=int, default=None, help="rounds per process (15)")
     p.add_argument(
         "--heap",
@@ -341,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(rounds, seq)))
         return 0
     runs = []
-    for _ in range(args.processes or (1 if args.quick else 3)):
+    for _ in range(args.processes or (1 if args.quick else 5)):
         child_args = ["--child", "--rounds", str(rounds)] + (["--quick"] if args.quick else [])
         proc = run_module(
             "benchmarks.bench_replay_speed",

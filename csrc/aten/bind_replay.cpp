@@ -137,6 +137,9 @@ TORCH_REPLAY_BINDINGS(replay) {
       "observer_pop",
       [](Transaction& txn) { observer_pop(&txn); },
       py::arg("txn"));
+  // Note [Observation floor] (benchmarks only).
+  m.def("_floor_observer", &floor_observer, py::arg("on"));
+  m.def("_floor_watch", &floor_watch, py::arg("on"));
   m.def("observer_depth", &observer_depth);
   m.def("observer_nesting", &observer_nesting);
   m.def("observer_known_operators", &observer_known_operators);

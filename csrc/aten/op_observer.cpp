@@ -392,6 +392,15 @@ WriteWatch& write_watch() {
   return w;
 }
 
+// The write watch's registration: process-wide, with inputs, every operator.
+at::CallbackHandle add_watch_callback(
+    at::RecordFunctionCallback::StartCallback start) {
+  return at::addGlobalCallback(
+      at::RecordFunctionCallback(start, nullptr)
+          .needsInputs(true)
+          .scopes({at::RecordScope::FUNCTION}));
+}
+
 }  // namespace
 
 const OpInfo& operator_info(const at::RecordFunction& fn) {
@@ -525,10 +534,7 @@ void write_watch_acquire() {
   WriteWatch& w = write_watch();
   std::lock_guard<std::mutex> lock(w.mutex);
   if (w.users++ == 0) {
-    w.handle = at::addGlobalCallback(
-        at::RecordFunctionCallback(on_watch_start, nullptr)
-            .needsInputs(true)
-            .scopes({at::RecordScope::FUNCTION}));
+    w.handle = add_watch_callback(on_watch_start);
   }
 }
 
@@ -574,6 +580,62 @@ void observer_pop(Transaction* txn) {
     at::removeCallback(*s.handle);
     s.handle.reset();
   }
+}
+
+namespace {
+
+std::unique_ptr<at::ObserverContext> floor_start(
+    const at::RecordFunction& /*fn*/) {
+  return nullptr;
+}
+
+void floor_end(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
+}
+
+struct FloorObserver {
+  int users = 0;
+  std::optional<at::CallbackHandle> handle;
+};
+
+FloorObserver& floor_observer_state() {
+  static thread_local FloorObserver f;
+  return f;
+}
+
+struct FloorWatch {
+  std::mutex mutex;
+  int users = 0;
+  std::optional<at::CallbackHandle> handle;
+};
+
+FloorWatch& floor_watch_state() {
+  static FloorWatch f;
+  return f;
+}
+
+}  // namespace
+
+int floor_observer(bool on) {
+  FloorObserver& f = floor_observer_state();
+  if (on && f.users++ == 0) {
+    f.handle = add_operator_callback(floor_start, floor_end);
+  } else if (!on && f.users > 0 && --f.users == 0 && f.handle.has_value()) {
+    at::removeCallback(*f.handle);
+    f.handle.reset();
+  }
+  return f.users;
+}
+
+int floor_watch(bool on) {
+  FloorWatch& f = floor_watch_state();
+  std::lock_guard<std::mutex> lock(f.mutex);
+  if (on && f.users++ == 0) {
+    f.handle = add_watch_callback(floor_start);
+  } else if (!on && f.users > 0 && --f.users == 0 && f.handle.has_value()) {
+    at::removeCallback(*f.handle);
+    f.handle.reset();
+  }
+  return f.users;
 }
 
 int observer_depth() {

@@ -232,6 +232,19 @@ void observer_push(Transaction* txn, std::shared_ptr<ObserverGate> gate);
 // Stops it. Throws ReplayException(kUnsupported) if `txn` is not the
 // innermost observed transaction of this thread (scopes must nest).
 void observer_pop(Transaction* txn);
+// Note [Observation floor]
+// What observing costs before any of torch_replay's code runs: RecordFunction
+// builds a range for every operator, boxes its arguments (and, for the
+// observer, its results) and calls the callbacks, and while any FUNCTION-scope
+// callback is registered the autograd engine also names every node it runs
+// through an ostringstream (Note [Write watch]). These two switches register
+// callbacks that do nothing with exactly the options of the observer (on this
+// thread, inputs and outputs) and of the write watch (process-wide, inputs):
+// benchmarks/bench_replay_speed.py times torch's own checkpoint under them,
+// the cost no callback body can remove. Counted, like the real ones (a stray
+// `off` is ignored); each returns how many `on`s are left.
+int floor_observer(bool on);
+int floor_watch(bool on);
 // Number of transactions observing on this thread (for tests).
 int observer_depth();
 // Nesting of the operator being observed on this thread (for tests: 0

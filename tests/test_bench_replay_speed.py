@@ -1,0 +1,85 @@
+"""benchmarks/bench_replay_speed.py's rows: the do-nothing callbacks of Note [Observation
+floor] change no result and are counted, and the Llama rows, which share one model, each
+checkpoint with their own function."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.utils.checkpoint as tcp
+
+from torch_replay._ext import require_extension
+from torch_replay._segment import collect_transactions
+
+C = require_extension()
+
+
+def _grads(step_fn):
+    torch.manual_seed(0)
+    lin = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Dropout(0.2))
+    x = torch.randn(4, 8, requires_grad=True)
+    torch.manual_seed(1)
+    step_fn(lin, x)
+    return [p.grad.clone() for p in lin.parameters()] + [x.grad.clone()]
+
+
+def test_floor_callbacks_change_no_gradient():
+    from benchmarks.bench_replay_speed import _floor_fn, _watch_floor
+
+    def plain(lin, x):
+        tcp.checkpoint(lin, x, use_reentrant=False).pow(2).sum().backward()
+
+    def floored(lin, x):
+        _watch_floor(
+            lambda: tcp.checkpoint(_floor_fn(lin), x, use_reentrant=False).pow(2).sum().backward()
+        )()
+
+    for a, b in zip(_grads(plain), _grads(floored), strict=True):
+        assert torch.equal(a, b)
+    assert C._floor_observer(False) == 0  # (both were put back)
+    assert C._floor_watch(False) == 0
+
+
+@pytest.mark.parametrize("switch", ["_floor_observer", "_floor_watch"])
+def test_floor_switches_are_counted_and_ignore_a_stray_off(switch):
+    f = getattr(C, switch)
+    assert f(False) == 0  # stray: nothing registered, nothing removed
+    assert [f(True), f(True), f(False), f(False), f(False)] == [1, 2, 1, 0, 0]
+
+
+def test_the_floor_watch_outlives_a_real_watch():
+    """A declared segment registers and removes the real write watch while the floor's
+    stays registered: separate registrations."""
+    import torch_replay as tr
+
+    assert C._floor_watch(True) == 1
+    try:
+        lin = torch.nn.Linear(4, 4)
+        x = torch.randn(2, 4, requires_grad=True)
+        tr.checkpoint(lin, x, use_reentrant=False, state=[lin], engine="guard").sum().backward()
+        assert x.grad is not None
+    finally:
+        assert C._floor_watch(False) == 0
+
+
+def test_llama_rows_share_one_model_and_each_checkpoints_with_its_own_function():
+    pytest.importorskip("transformers")
+    from benchmarks.bench_replay_speed import AGAIN, FLOOR, llama_steps
+
+    steps = llama_steps(16)
+    # torch's variants (and its floors) run no torch_replay segment; each torch_replay
+    # variant one per layer (4), with its engine, whichever variant ran before it.
+    for name in (
+        "torch",
+        "enable(model), guard",
+        AGAIN,
+        "enable(model), snapshot",
+        FLOOR,
+        "enable(model), journal",
+    ):
+        with collect_transactions() as txns:
+            steps[name]()
+        if name.startswith("enable"):
+            assert [t.engine for t in txns] == [name.split(", ")[1]] * 4, name
+        else:
+            assert txns == [], name
