@@ -592,50 +592,37 @@ std::unique_ptr<at::ObserverContext> floor_start(
 void floor_end(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
 }
 
-struct FloorObserver {
+// A counted registration: the first `on` registers, the last `off` removes.
+struct FloorSwitch {
   int users = 0;
   std::optional<at::CallbackHandle> handle;
 };
 
-FloorObserver& floor_observer_state() {
-  static thread_local FloorObserver f;
-  return f;
-}
-
-struct FloorWatch {
-  std::mutex mutex;
-  int users = 0;
-  std::optional<at::CallbackHandle> handle;
-};
-
-FloorWatch& floor_watch_state() {
-  static FloorWatch f;
-  return f;
+template <typename Register>
+int toggle(FloorSwitch& f, bool on, Register add) {
+  if (on && f.users++ == 0) {
+    f.handle = add();
+  } else if (!on && f.users > 0 && --f.users == 0 && f.handle.has_value()) {
+    at::removeCallback(*f.handle);
+    f.handle.reset();
+  }
+  return f.users;
 }
 
 }  // namespace
 
 int floor_observer(bool on) {
-  FloorObserver& f = floor_observer_state();
-  if (on && f.users++ == 0) {
-    f.handle = add_operator_callback(floor_start, floor_end);
-  } else if (!on && f.users > 0 && --f.users == 0 && f.handle.has_value()) {
-    at::removeCallback(*f.handle);
-    f.handle.reset();
-  }
-  return f.users;
+  // Per thread, as the observer's callback is.
+  static thread_local FloorSwitch f;
+  return toggle(
+      f, on, [] { return add_operator_callback(floor_start, floor_end); });
 }
 
 int floor_watch(bool on) {
-  FloorWatch& f = floor_watch_state();
-  std::lock_guard<std::mutex> lock(f.mutex);
-  if (on && f.users++ == 0) {
-    f.handle = add_watch_callback(floor_start);
-  } else if (!on && f.users > 0 && --f.users == 0 && f.handle.has_value()) {
-    at::removeCallback(*f.handle);
-    f.handle.reset();
-  }
-  return f.users;
+  static FloorSwitch f;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  return toggle(f, on, [] { return add_watch_callback(floor_start); });
 }
 
 int observer_depth() {

@@ -1,8 +1,8 @@
 #include "core/heap_policy.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
+#include <string>
 
 #if defined(__GLIBC__)
 #include <dlfcn.h>
