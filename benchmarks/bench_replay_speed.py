@@ -218,19 +218,32 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
 
 def llama_step(seq: int, mode: str, **options):
     """One training step of the Llama model with checkpointing turned on by ``mode``
-    ("torch": transformers' own; "tr": ``tr_hf.enable(model, **options)``)."""
+    ("torch": transformers' own; "tr": ``tr_hf.enable(model, **options)``; "floor":
+    transformers' own under the do-nothing callbacks of the observer and the watch)."""
     from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
+    from torch_replay.integrations.transformers import layers
 
     ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
     model = build_hf("llama", layers=4, hidden=256)
     model.train()
-    hf_turn_on(model, mode, **options)
+    hf_turn_on(model, "torch" if mode == "floor" else mode, **options)
+    if mode == "floor":
+        for layer in layers(model):
+            layer._gradient_checkpointing_func = _floor_checkpoint(
+                layer._gradient_checkpointing_func
+            )
 
     def run():
         model(input_ids=ids, labels=ids).loss.backward()
         model.zero_grad(set_to_none=True)
 
-    return run
+    return _watch_floor(run) if mode == "floor" else run
+
+
+def _floor_checkpoint(checkpoint_function):
+    """A layer's checkpoint function that checkpoints its function under the
+    do-nothing observer callback (``_floor_fn``)."""
+    return functools.partial(lambda f, fn, *a: f(_floor_fn(fn), *a), checkpoint_function)
 
 
 def llama_steps(seq: int) -> dict:
@@ -250,9 +263,7 @@ def llama_steps(seq: int) -> dict:
         hf_turn_on(model, mode, **options)
         functions = [layer._gradient_checkpointing_func for layer in found]
         if floor:
-            functions = [
-                functools.partial(lambda f, fn, *a: f(_floor_fn(fn), *a), f) for f in functions
-            ]
+            functions = [_floor_checkpoint(f) for f in functions]
 
         def run():
             for layer, f in zip(found, functions, strict=True):

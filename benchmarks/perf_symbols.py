@@ -8,6 +8,8 @@ process per variant under ``perf record``, samples grouped by what they are.
     python -m benchmarks.perf_symbols --tool callgrind --steps 2   # instruction counts
     python -m benchmarks.perf_symbols --model llama --seq 64 --tool callgrind --steps 2 \
         --variants torch nostate guard auto    # the Llama model of bench_replay_speed
+    python -m benchmarks.perf_symbols --model llama --seq 64 --tool callgrind --cache-sim \
+        --steps 2 --variants floor guard     # torch_replay above its observation floor
     python -m benchmarks.perf_symbols --model gpt-small --tool callgrind --steps 3 \
         --variants torch nostate guard preserve   # per-operator costs, a few minutes
     python -m benchmarks.perf_symbols --model small-ops --tool callgrind --steps 5 \
@@ -103,11 +105,15 @@ def _gpt_step(variant: str, small: bool = False) -> Callable[[], None]:
 
 
 def _llama_step(variant: str, seq: int) -> Callable[[], None]:
-    """bench_replay_speed's Llama rows: transformers' model, every layer checkpointed."""
+    """bench_replay_speed's Llama rows: transformers' model, every layer checkpointed;
+    ``floor``: transformers' own checkpointing under the do-nothing callbacks of the
+    observer and the write watch (Note [Observation floor])."""
     from benchmarks.bench_replay_speed import llama_step
 
     if variant == "torch":
         return llama_step(seq, "torch")
+    if variant == "floor":
+        return llama_step(seq, "floor")
     if variant in ("nostate", "preserve"):
         return llama_step(seq, "tr", replay_state=None)
     return llama_step(seq, "tr", replay_engine=variant)

@@ -83,3 +83,15 @@ def test_llama_rows_share_one_model_and_each_checkpoints_with_its_own_function()
             assert [t.engine for t in txns] == [name.split(", ")[1]] * 4, name
         else:
             assert txns == [], name
+
+
+def test_perf_symbols_floor_variant_runs_torchs_checkpoint_under_the_floor():
+    pytest.importorskip("transformers")
+    from benchmarks.bench_replay_speed import llama_step
+
+    step = llama_step(16, "floor")
+    with collect_transactions() as txns:
+        step()
+    assert txns == []
+    assert C._floor_observer(False) == 0  # (put back after each segment)
+    assert C._floor_watch(False) == 0  # (and after the step)
