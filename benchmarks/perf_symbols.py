@@ -201,6 +201,7 @@ SIMULATED = (
     ("D1mr", "L1 data-cache read misses"),
     ("D1mw", "L1 data-cache write misses"),
     ("DLmr", "last-level data-cache read misses"),
+    ("DLmw", "last-level data-cache write misses"),
     ("Bcm", "mispredicted conditional branches"),
     ("Bim", "mispredicted indirect branches"),
 )

@@ -61,5 +61,5 @@ def test_totals_names_every_simulated_event_and_fills_trailing_zeros(tmp_path):
 def test_simulated_events_of_a_recording_without_the_simulation_are_refused(tmp_path):
     data = tmp_path / "out.callgrind"
     data.write_text("version: 1\nevents: Ir\nsummary: 0\nfn=main\n1 5\ntotals: 1234\n")
-    with pytest.raises(RuntimeError, match="no I1mr, D1mr, D1mw, DLmr, Bcm, Bim"):
+    with pytest.raises(RuntimeError, match="no I1mr, D1mr, D1mw, DLmr, DLmw, Bcm, Bim"):
         _simulated(str(data))
