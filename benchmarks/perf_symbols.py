@@ -9,7 +9,7 @@ process per variant under ``perf record``, samples grouped by what they are.
     python -m benchmarks.perf_symbols --model llama --seq 64 --tool callgrind --steps 2 \
         --variants torch nostate guard auto    # the Llama model of bench_replay_speed
     python -m benchmarks.perf_symbols --model llama --seq 64 --tool callgrind --cache-sim \
-        --steps 2 --variants floor guard     # torch_replay above its observation floor
+        --steps 2 --variants floor guard --top 20   # above the observation floor
     python -m benchmarks.perf_symbols --model gpt-small --tool callgrind --steps 3 \
         --variants torch nostate guard preserve   # per-operator costs, a few minutes
     python -m benchmarks.perf_symbols --model small-ops --tool callgrind --steps 5 \
@@ -241,10 +241,12 @@ def _record(
     subprocess.run(cmd, cwd=ROOT, env=child_env(), check=True, capture_output=True)
     counts = {g: 0 for g, _ in GROUPS}
     counts["other"] = 0
+    counts["symbols"] = {}
     with open(data + ".gc") as f:
         counts["full collections"] = json.load(f)["full collections"]
     for n, dso, sym in _symbols(tool, data):
         text = f"{dso} {sym}"
+        counts["symbols"][text] = counts["symbols"].get(text, 0) + n
         for g, rx in GROUPS:
             if re.search(rx, text) or re.search(rx, dso):
                 counts[g] += n
@@ -276,6 +278,7 @@ def markdown(
     tool: str = "perf",
     model: str = "gpt",
     steps: int = 1,
+    top: int = 0,
 ) -> str:
     names = list(rows)
     unit = "instructions (callgrind)" if tool == "callgrind" else "perf samples"
@@ -319,7 +322,31 @@ def markdown(
     lines.append(f"| full GC collections in the sampled steps (count) | {full} |")
     if names and "simulated" in rows[names[0]]:
         lines += _simulated_table(rows, names, steps)
+    if top > 0:
+        lines += _symbol_table(rows, names, top, scaled)
     return "\n".join(lines) + "\n"
+
+
+def _symbol_table(rows: dict, names: list[str], top: int, scaled) -> list[str]:
+    """Per variant after the first: the ``top`` symbols whose count differs most from
+    the first variant's, in the group table's unit (symbol by symbol)."""
+    first = rows[names[0]]["symbols"]
+    lines = []
+    for v in names[1:]:
+        mine = rows[v]["symbols"]
+        diff = {k: mine.get(k, 0) - first.get(k, 0) for k in set(first) | set(mine)}
+        biggest = sorted(diff, key=lambda k: -abs(diff[k]))[:top]
+        lines += [
+            "",
+            f"The {top} symbols whose count differs most, {v} minus {names[0]} (same unit):",
+            "",
+            "| symbol | difference |",
+            "| --- | --- |",
+        ]
+        for k in biggest:
+            name = k.replace("|", "\\|")
+            lines.append(f"| `{name[:160]}` | {scaled(v, diff[k]):+.1f} |")
+    return lines
 
 
 def _simulated_table(rows: dict, names: list[str], steps: int) -> list[str]:
@@ -362,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --tool callgrind: also simulate the caches and branch predictors",
     )
+    p.add_argument(
+        "--top",
+        type=int,
+        default=0,
+        help="also list the N symbols whose count differs most from the first variant's",
+    )
     add_out_quick(p, quick="5 steps (1 with callgrind)")
     args = p.parse_args(argv)
     if args.child:
@@ -381,7 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             for v in args.variants
         }
     command = "python -m benchmarks.perf_symbols " + " ".join(argv or sys.argv[1:])
-    return emit(markdown(rows, command.strip(), args.tool, args.model, steps), args.out)
+    table = markdown(rows, command.strip(), args.tool, args.model, steps, args.top)
+    return emit(table, args.out)
 
 
 if __name__ == "__main__":

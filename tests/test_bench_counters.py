@@ -63,3 +63,24 @@ def test_simulated_events_of_a_recording_without_the_simulation_are_refused(tmp_
     data.write_text("version: 1\nevents: Ir\nsummary: 0\nfn=main\n1 5\ntotals: 1234\n")
     with pytest.raises(RuntimeError, match="no I1mr, D1mr, D1mw, DLmr, DLmw, Bcm, Bim"):
         _simulated(str(data))
+
+
+def test_symbol_table_lists_the_largest_differences_from_the_first_variant():
+    from benchmarks.perf_symbols import GROUPS, markdown
+
+    def row(symbols):
+        r = {g: 0 for g, _ in GROUPS}
+        r.update({"other": 0, "full collections": 0, "symbols": symbols})
+        return r
+
+    rows = {
+        "torch": row({"libtorch a": 100, "libtorch b": 50}),
+        "guard": row({"libtorch a": 100, "libtorch b": 20, "_C on_start": 70}),
+    }
+    table = markdown(rows, "cmd", tool="perf", model="small-ops", top=2)
+    listed = table.split("guard minus torch")[1].splitlines()
+    # on_start +70 and b -30, in that order; a (no difference) left out at top=2.
+    assert [line for line in listed if line.startswith("| `")] == [
+        "| `_C on_start` | +70.0 |",
+        "| `libtorch b` | -30.0 |",
+    ]
