@@ -65,39 +65,36 @@ FLOOR = "torch's checkpoint + do-nothing observer callback (floor)"
 FLOOR_WATCH = "torch's checkpoint + do-nothing observer and watch callbacks (floor)"
 
 
-def _floor_fn(fn):
-    """``fn`` run with the do-nothing observer callback on its thread (the forward and
-    the re-run of a segment that checkpoints it)."""
+def _switched(switch: str, fn):
+    """``fn`` run with the extension's floor callback ``switch`` (``_floor_observer``
+    or ``_floor_watch``) registered for its duration."""
     from torch_replay._ext import require_extension
 
-    C = require_extension()
+    on_off = getattr(require_extension(), switch)
 
     def run(*args, **kwargs):
-        C._floor_observer(True)
+        on_off(True)
         try:
             return fn(*args, **kwargs)
         finally:
-            C._floor_observer(False)
+            on_off(False)
 
     return run
+
+
+def _floor_fn(fn):
+    """``fn`` run with the do-nothing observer callback on its thread (the forward and
+    the re-run of a segment that checkpoints it). The switch is a closure and two
+    extension calls per run of ``fn``: on the one-operator rows that Python is part of
+    what the floor rows measure, as the observer's own scope is of torch_replay's."""
+    return _switched("_floor_observer", fn)
 
 
 def _watch_floor(step):
     """``step`` with the do-nothing process-wide callback registered throughout (the
     write watch is registered while a declared or preserved segment waits: from the
     first forward to the last re-run)."""
-    from torch_replay._ext import require_extension
-
-    C = require_extension()
-
-    def run():
-        C._floor_watch(True)
-        try:
-            step()
-        finally:
-            C._floor_watch(False)
-
-    return run
+    return _switched("_floor_watch", step)
 
 
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
@@ -216,28 +213,36 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
     }
 
 
-def llama_step(seq: int, mode: str, **options):
-    """One training step of the Llama model with checkpointing turned on by ``mode``
-    ("torch": transformers' own; "tr": ``tr_hf.enable(model, **options)``; "floor":
-    transformers' own under the do-nothing callbacks of the observer and the watch)."""
-    from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
+def _llama(seq: int):
+    """The Llama model of the Llama rows (training mode), its layers, and one step's
+    body on a fixed batch."""
+    from benchmarks.integrations_stacks import VOCAB, build_hf
     from torch_replay.integrations.transformers import layers
 
     ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
     model = build_hf("llama", layers=4, hidden=256)
     model.train()
-    hf_turn_on(model, "torch" if mode == "floor" else mode, **options)
-    if mode == "floor":
-        for layer in layers(model):
-            layer._gradient_checkpointing_func = _floor_checkpoint(
-                layer._gradient_checkpointing_func
-            )
 
     def run():
         model(input_ids=ids, labels=ids).loss.backward()
         model.zero_grad(set_to_none=True)
 
-    return _watch_floor(run) if mode == "floor" else run
+    return model, layers(model), run
+
+
+def llama_step(seq: int, mode: str, **options):
+    """One training step of the Llama model with checkpointing turned on by ``mode``
+    ("torch": transformers' own; "tr": ``tr_hf.enable(model, **options)``; "floor":
+    transformers' own under the do-nothing callbacks of the observer and the watch)."""
+    from benchmarks.integrations_stacks import hf_turn_on
+
+    model, found, run = _llama(seq)
+    hf_turn_on(model, "torch" if mode == "floor" else mode, **options)
+    if mode != "floor":
+        return run
+    for layer in found:
+        layer._gradient_checkpointing_func = _floor_checkpoint(layer._gradient_checkpointing_func)
+    return _watch_floor(run)
 
 
 def _floor_checkpoint(checkpoint_function):
@@ -251,13 +256,9 @@ def llama_steps(seq: int) -> dict:
     differ only in the function each layer checkpoints with: each variant turns
     checkpointing on its way once (``hf_turn_on``), keeps the functions that put on
     the layers, and puts them back before each of its steps."""
-    from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
-    from torch_replay.integrations.transformers import layers
+    from benchmarks.integrations_stacks import hf_turn_on
 
-    ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
-    model = build_hf("llama", layers=4, hidden=256)
-    model.train()
-    found = layers(model)
+    model, found, step = _llama(seq)
 
     def variant(mode: str, floor: bool = False, **options):
         hf_turn_on(model, mode, **options)
@@ -268,8 +269,7 @@ def llama_steps(seq: int) -> dict:
         def run():
             for layer, f in zip(found, functions, strict=True):
                 layer._gradient_checkpointing_func = f
-            model(input_ids=ids, labels=ids).loss.backward()
-            model.zero_grad(set_to_none=True)
+            step()
 
         return run
 
