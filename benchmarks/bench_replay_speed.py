@@ -61,6 +61,7 @@ ENGINES = ("auto", "journal", "readset", "guard", "snapshot")
 AGAIN = "torch's checkpoint again (A/A: the noise floor)"
 # torch's own variant under callbacks that do nothing, registered as the observer's
 # and the write watch's are (Note [Observation floor] in csrc/aten/op_observer.h).
+FLOOR_SWITCH = "torch's checkpoint + the floor's switch, nothing registered"
 FLOOR = "torch's checkpoint + do-nothing observer callback (floor)"
 FLOOR_WATCH = "torch's checkpoint + do-nothing observer and watch callbacks (floor)"
 
@@ -82,12 +83,12 @@ def _switched(switch: str, fn):
     return run
 
 
-def _floor_fn(fn):
+def _floor_fn(fn, switch: str = "_floor_observer"):
     """``fn`` run with the do-nothing observer callback on its thread (the forward and
     the re-run of a segment that checkpoints it). The switch is a closure and two
-    extension calls per run of ``fn``: on the one-operator rows that Python is part of
-    what the floor rows measure, as the observer's own scope is of torch_replay's."""
-    return _switched("_floor_observer", fn)
+    extension calls per run of ``fn``; ``switch="_floor_none"`` makes the same calls
+    and registers nothing (the FLOOR_SWITCH row: what the switch itself costs)."""
+    return _switched(switch, fn)
 
 
 def _watch_floor(step):
@@ -186,8 +187,8 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
     def torch_ckpt(blk, h):
         return tcp.checkpoint(blk, h, use_reentrant=False)
 
-    def floor_ckpt(blk, h):
-        return tcp.checkpoint(_floor_fn(blk), h, use_reentrant=False)
+    def floor_ckpt(blk, h, switch="_floor_observer"):
+        return tcp.checkpoint(_floor_fn(blk, switch), h, use_reentrant=False)
 
     def ours(engine=None):
         def ckpt(blk, h):
@@ -201,6 +202,7 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
     return {
         "torch": torch_step,
         AGAIN: torch_step,
+        FLOOR_SWITCH: step(functools.partial(floor_ckpt, switch="_floor_none")),
         FLOOR: step(floor_ckpt),
         FLOOR_WATCH: _watch_floor(step(floor_ckpt)),
         "no state": step(ours()),
@@ -245,10 +247,10 @@ def llama_step(seq: int, mode: str, **options):
     return _watch_floor(run)
 
 
-def _floor_checkpoint(checkpoint_function):
+def _floor_checkpoint(checkpoint_function, switch: str = "_floor_observer"):
     """A layer's checkpoint function that checkpoints its function under the
     do-nothing observer callback (``_floor_fn``)."""
-    return functools.partial(lambda f, fn, *a: f(_floor_fn(fn), *a), checkpoint_function)
+    return functools.partial(lambda f, fn, *a: f(_floor_fn(fn, switch), *a), checkpoint_function)
 
 
 def llama_steps(seq: int) -> dict:
@@ -260,11 +262,11 @@ def llama_steps(seq: int) -> dict:
 
     model, found, step = _llama(seq)
 
-    def variant(mode: str, floor: bool = False, **options):
+    def variant(mode: str, floor: str | None = None, **options):
         hf_turn_on(model, mode, **options)
         functions = [layer._gradient_checkpointing_func for layer in found]
-        if floor:
-            functions = [_floor_checkpoint(f) for f in functions]
+        if floor is not None:
+            functions = [_floor_checkpoint(f, floor) for f in functions]
 
         def run():
             for layer, f in zip(found, functions, strict=True):
@@ -277,8 +279,9 @@ def llama_steps(seq: int) -> dict:
     return {
         "torch": torch_step,
         AGAIN: torch_step,
-        FLOOR: variant("torch", floor=True),
-        FLOOR_WATCH: _watch_floor(variant("torch", floor=True)),
+        FLOOR_SWITCH: variant("torch", floor="_floor_none"),
+        FLOOR: variant("torch", floor="_floor_observer"),
+        FLOOR_WATCH: _watch_floor(variant("torch", floor="_floor_observer")),
         **{f"enable(model), {e}": variant("tr", replay_engine=e) for e in ENGINES},
         'enable(model, replay_state=None), detect="preserve"': _settings(detect="preserve")(
             variant("tr", replay_state=None)
@@ -298,13 +301,14 @@ def chain_steps(block, x0: torch.Tensor, reentrant: bool) -> dict:
 
         return run
 
-    def floor_ckpt(fn, *args, **kwargs):
-        return tcp.checkpoint(_floor_fn(fn), *args, **kwargs)
+    def floor_ckpt(fn, *args, switch="_floor_observer", **kwargs):
+        return tcp.checkpoint(_floor_fn(fn, switch), *args, **kwargs)
 
     torch_step = step(tcp.checkpoint)
     return {
         "torch": torch_step,
         AGAIN: torch_step,
+        FLOOR_SWITCH: step(functools.partial(floor_ckpt, switch="_floor_none")),
         FLOOR: step(floor_ckpt),
         FLOOR_WATCH: _watch_floor(step(floor_ckpt)),
         "torch_replay": step(tr.checkpoint),

@@ -64,7 +64,7 @@ def test_the_floor_watch_outlives_a_real_watch():
 
 def test_llama_rows_share_one_model_and_each_checkpoints_with_its_own_function():
     pytest.importorskip("transformers")
-    from benchmarks.bench_replay_speed import AGAIN, FLOOR, llama_steps
+    from benchmarks.bench_replay_speed import AGAIN, FLOOR, FLOOR_SWITCH, llama_steps
 
     steps = llama_steps(16)
     # torch's variants (and its floors) run no torch_replay segment; each torch_replay
@@ -76,6 +76,7 @@ def test_llama_rows_share_one_model_and_each_checkpoints_with_its_own_function()
         "enable(model), snapshot",
         FLOOR,
         "enable(model), journal",
+        FLOOR_SWITCH,
     ):
         with collect_transactions() as txns:
             steps[name]()

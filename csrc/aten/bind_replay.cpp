@@ -140,6 +140,8 @@ TORCH_REPLAY_BINDINGS(replay) {
   // Note [Observation floor] (benchmarks only).
   m.def("_floor_observer", &floor_observer, py::arg("on"));
   m.def("_floor_watch", &floor_watch, py::arg("on"));
+  // The same call registering nothing: what the switch itself costs.
+  m.def("_floor_none", [](bool /*on*/) { return 0; }, py::arg("on"));
   m.def("observer_depth", &observer_depth);
   m.def("observer_nesting", &observer_nesting);
   m.def("observer_known_operators", &observer_known_operators);
