@@ -98,6 +98,20 @@ def _watch_floor(step):
     return _switched("_floor_watch", step)
 
 
+def _torch_rows(torch_step, floor_step) -> dict:
+    """A group's torch rows: torch's step (the base), itself again (A/A), and
+    ``floor_step(switch)`` (torch's step whose segments run under the floor callback
+    ``switch``) with the switch alone, the observer floor, and the observer and watch
+    floors."""
+    return {
+        "torch": torch_step,
+        AGAIN: torch_step,
+        FLOOR_SWITCH: floor_step("_floor_none"),
+        FLOOR: floor_step("_floor_observer"),
+        FLOOR_WATCH: _watch_floor(floor_step("_floor_observer")),
+    }
+
+
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
@@ -187,7 +201,7 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
     def torch_ckpt(blk, h):
         return tcp.checkpoint(blk, h, use_reentrant=False)
 
-    def floor_ckpt(blk, h, switch="_floor_observer"):
+    def floor_ckpt(blk, h, switch):
         return tcp.checkpoint(_floor_fn(blk, switch), h, use_reentrant=False)
 
     def ours(engine=None):
@@ -198,13 +212,8 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
 
         return ckpt
 
-    torch_step = step(torch_ckpt)
     return {
-        "torch": torch_step,
-        AGAIN: torch_step,
-        FLOOR_SWITCH: step(functools.partial(floor_ckpt, switch="_floor_none")),
-        FLOOR: step(floor_ckpt),
-        FLOOR_WATCH: _watch_floor(step(floor_ckpt)),
+        **_torch_rows(step(torch_ckpt), lambda s: step(functools.partial(floor_ckpt, switch=s))),
         "no state": step(ours()),
         **{f"state=[block], {e}": step(ours(e)) for e in ENGINES},
         'detect="preserve"': _settings(detect="preserve")(step(ours())),
@@ -275,13 +284,8 @@ def llama_steps(seq: int) -> dict:
 
         return run
 
-    torch_step = variant("torch")
     return {
-        "torch": torch_step,
-        AGAIN: torch_step,
-        FLOOR_SWITCH: variant("torch", floor="_floor_none"),
-        FLOOR: variant("torch", floor="_floor_observer"),
-        FLOOR_WATCH: _watch_floor(variant("torch", floor="_floor_observer")),
+        **_torch_rows(variant("torch"), lambda s: variant("torch", floor=s)),
         **{f"enable(model), {e}": variant("tr", replay_engine=e) for e in ENGINES},
         'enable(model, replay_state=None), detect="preserve"': _settings(detect="preserve")(
             variant("tr", replay_state=None)
@@ -301,16 +305,13 @@ def chain_steps(block, x0: torch.Tensor, reentrant: bool) -> dict:
 
         return run
 
-    def floor_ckpt(fn, *args, switch="_floor_observer", **kwargs):
+    def floor_ckpt(fn, *args, switch, **kwargs):
         return tcp.checkpoint(_floor_fn(fn, switch), *args, **kwargs)
 
-    torch_step = step(tcp.checkpoint)
     return {
-        "torch": torch_step,
-        AGAIN: torch_step,
-        FLOOR_SWITCH: step(functools.partial(floor_ckpt, switch="_floor_none")),
-        FLOOR: step(floor_ckpt),
-        FLOOR_WATCH: _watch_floor(step(floor_ckpt)),
+        **_torch_rows(
+            step(tcp.checkpoint), lambda s: step(functools.partial(floor_ckpt, switch=s))
+        ),
         "torch_replay": step(tr.checkpoint),
     }
 
