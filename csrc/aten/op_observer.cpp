@@ -5,6 +5,8 @@
 #include <c10/util/flat_hash_map.h>
 
 #include <algorithm>
+#include <array>
+#include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -105,6 +107,18 @@ struct ThreadState {
   // of every operator makes), the facts themselves never move (frames point
   // to them).
   ska::flat_hash_map<const char*, std::unique_ptr<OpInfo>> infos;
+  // In front of `infos`, a direct-mapped cache of its entries by the same key
+  // (one load and one compare for an operator seen recently: every callback
+  // of every operator looks its facts up, the watch's for every operator of
+  // the backward). Entries are only operators' (`infos`'s), never a range
+  // named by a string (kNotAnOperator, see info_of), so a slot holds a key
+  // that `infos` maps to the same facts for as long as the thread lives.
+  struct CachedInfo {
+    const char* key = nullptr;
+    const OpInfo* info = nullptr;
+  };
+  static constexpr size_t kInfoCacheSlots = 256;  // (a power of two)
+  std::array<CachedInfo, kInfoCacheSlots> info_cache{};
   // Buffers reused by every callback (callbacks never nest: in_callback).
   std::vector<at::Tensor> tensors;
   std::vector<bool> writes;
@@ -151,8 +165,14 @@ const OpInfo* pop_frame(std::vector<const OpInfo*>& frames) {
   return entry;
 }
 
-const OpInfo& info_of(ThreadState& s, const at::RecordFunction& fn) {
-  const char* key = fn.name();
+// The facts of an operator not in the cache (or of a range that is not an
+// operator): out of line, so that the cache's hit path stays a few
+// instructions inlined into every callback (make_info's frame is large).
+__attribute__((noinline)) const OpInfo& info_of_uncached(
+    ThreadState& s,
+    const at::RecordFunction& fn,
+    const char* key,
+    ThreadState::CachedInfo& slot) {
   auto it = s.infos.find(key);
   if (it == s.infos.end()) {
     OpInfo info = make_info(fn);
@@ -165,7 +185,21 @@ const OpInfo& info_of(ThreadState& s, const at::RecordFunction& fn) {
     }
     it = s.infos.emplace(key, std::make_unique<OpInfo>(std::move(info))).first;
   }
+  slot = {key, it->second.get()};
   return *it->second;
+}
+
+inline const OpInfo& info_of(ThreadState& s, const at::RecordFunction& fn) {
+  const char* key = fn.name();
+  // (Names are heap strings of the dispatcher's operator table: the low bits
+  // of their addresses say little, the next ones spread them.)
+  ThreadState::CachedInfo& slot = s.info_cache
+                                      [(reinterpret_cast<uintptr_t>(key) >> 4) &
+                                       (ThreadState::kInfoCacheSlots - 1)];
+  if (slot.key == key) {
+    return *slot.info;
+  }
+  return info_of_uncached(s, fn, key, slot);
 }
 
 struct CallbackGuard {
@@ -236,6 +270,12 @@ bool nested_reshape_shown(const ThreadState& s, const at::RecordFunction& fn) {
          known_preexisting(s, key);
 }
 
+void show_start(
+    ThreadState& s,
+    const at::RecordFunction& fn,
+    const OpInfo& info,
+    int depth);
+
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   ThreadState& s = state();
   // Every start pushes a frame for on_end to pop, first of all (nullptr: not
@@ -263,6 +303,18 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     // show (see keep_nested_writes): its arguments are not read.
     return nullptr;
   }
+  show_start(s, fn, info, depth);
+  return nullptr;
+}
+
+// The part of on_start that reads the arguments and shows them to the
+// transactions: out of line, so that the checks above, which are all that
+// most nested operators cost, run without its large frame.
+__attribute__((noinline)) void show_start(
+    ThreadState& s,
+    const at::RecordFunction& fn,
+    const OpInfo& info,
+    int depth) {
   CallbackGuard guard(s);
   std::vector<at::Tensor>& tensors = s.tensors;
   std::vector<bool>& writes = s.writes;
@@ -297,7 +349,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
           return known_preexisting(s, key);
         });
     if (kept == 0) {
-      return nullptr;
+      return;
     }
     generator.reset();
     s.returned.clear();  // (unknown for the kept writes: all count)
@@ -313,8 +365,10 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
           s.returned);
     }
   }
-  return nullptr;
 }
+
+void show_outputs(
+    ThreadState& s, const at::RecordFunction& fn, const OpInfo& info);
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
   ThreadState& s = state();
@@ -334,6 +388,13 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
   if (depth > 0) {
     return;  // outputs of nested operators are the enclosing operator's
   }
+  show_outputs(s, fn, info);
+}
+
+// The part of on_end that shows a depth-0 operator's outputs (out of line,
+// as show_start).
+__attribute__((noinline)) void show_outputs(
+    ThreadState& s, const at::RecordFunction& fn, const OpInfo& info) {
   CallbackGuard guard(s);
   std::vector<at::Tensor>& outputs = s.tensors;
   std::vector<bool>& unused = s.writes;
@@ -349,6 +410,9 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
   }
 }
 
+void journal_writes(
+    ThreadState& s, const at::RecordFunction& fn, const OpInfo& info);
+
 std::unique_ptr<at::ObserverContext> on_watch_start(
     const at::RecordFunction& fn) {
   ThreadState& s = state();
@@ -362,6 +426,14 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
   if (!info.op || info.skip || !info.may_write) {
     return nullptr;  // (Note [Write watch]: what is left unwatched)
   }
+  journal_writes(s, fn, info);
+  return nullptr;
+}
+
+// The part of on_watch_start that journals a writing operator's writes (out
+// of line, as show_start: most operators write nothing).
+__attribute__((noinline)) void journal_writes(
+    ThreadState& s, const at::RecordFunction& fn, const OpInfo& info) {
   CallbackGuard guard(s);
   collect_arguments(
       info,
@@ -378,7 +450,6 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
       // write that could not be journaled.
     }
   }
-  return nullptr;
 }
 
 struct WriteWatch {

@@ -302,28 +302,37 @@ void Transaction::before_op(
   const bool replay = phase_ == Phase::kReplay;
   require_phase(replay || phase_ == Phase::kForward, "observe an operator");
 
-  // Keys, devices, and grad taint of the reads.
+  // Keys, devices, and grad taint of the reads; whether each storage is the
+  // segment's own (made by it), looked up once for both loops.
   std::vector<StorageKey>& keys = keys_scratch_;  // (callbacks never nest)
+  std::vector<char>& own = own_scratch_;
   keys.assign(tensors.size(), 0);
+  own.assign(tensors.size(), 0);
   bool tainted_read = false;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     if (!observable(t)) {
       continue;
     }
-    keys[i] = storage_key(t);
+    const StorageKey key = storage_key(t);
+    keys[i] = key;
+    own[i] =
+        replay ? replay_internal_.count(key) > 0 : internal_.count(key) > 0;
     if (!replay) {
-      if (std::find(devices_seen_.begin(), devices_seen_.end(), t.device()) ==
+      const c10::Device device = t.device();
+      if (std::find(devices_seen_.begin(), devices_seen_.end(), device) ==
           devices_seen_.end()) {
-        devices_seen_.push_back(t.device());
+        devices_seen_.push_back(device);
       }
-      if (!internal_.count(keys[i]) && !external_.count(keys[i])) {
-        external_.emplace(keys[i], t.storage().getWeakStorageImpl());
+      if (!own[i] && !external_.count(key)) {
+        external_.emplace(key, t.storage().getWeakStorageImpl());
       }
-      if (!writes[i] && at::isFloatingType(t.scalar_type())) {
-        auto it = grad_tainted_.find(t.unsafeGetTensorImpl());
-        tainted_read |= t.requires_grad() ||
-                        (it != grad_tainted_.end() && !it->second.expired());
+      if (!tainted_read && !writes[i] && at::isFloatingType(t.scalar_type())) {
+        tainted_read = t.requires_grad();
+        if (!tainted_read) {
+          auto it = grad_tainted_.find(t.unsafeGetTensorImpl());
+          tainted_read = it != grad_tainted_.end() && !it->second.expired();
+        }
       }
     }
   }
@@ -351,9 +360,8 @@ void Transaction::before_op(
       continue;
     }
     const StorageKey key = keys[i];
-    const bool declared = declared_.count(key) > 0;
-    const bool interesting = replay ? !replay_internal_.count(key)
-                                    : (declared || !internal_.count(key));
+    const bool declared = !declared_.empty() && declared_.count(key) > 0;
+    const bool interesting = replay ? !own[i] : (declared || !own[i]);
     if (!interesting ||
         (declared && !writes[i] && read_whole(tensors[i], key))) {
       continue;

@@ -430,6 +430,7 @@ class Transaction {
   std::exception_ptr pending_;
   bool watching_writes_ = false;
   std::vector<StorageKey> keys_scratch_;  // before_op's, reused
+  std::vector<char> own_scratch_;         // before_op's, reused
 };
 
 }  // namespace torch_replay::aten
