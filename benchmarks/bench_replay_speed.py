@@ -5,6 +5,7 @@ processes: the rows that say whether being right costs anything (CPU, one thread
     python -m benchmarks.bench_replay_speed --quick         # 1 process, few rounds (smoke)
     python -m benchmarks.bench_replay_speed --out benchmarks/results/replay_speed.md
     python -m benchmarks.bench_replay_speed --heap system   # glibc left as it is
+    python -m benchmarks.bench_replay_speed --groups llama --processes 10   # one group
 
 Rows (each a ratio to torch's checkpoint of the same model, measured in the same rounds):
 
@@ -366,15 +367,21 @@ def kept_bytes(seq: int) -> dict[str, int]:
 # ------------------------------------------------------------------ driver
 
 
-def child(rounds: int, seq: int) -> dict:
+GROUPS = ("gpt", "llama", "small-op", "segment")
+
+
+def child(rounds: int, seq: int, groups: tuple[str, ...] = GROUPS) -> dict:
     torch.set_num_threads(1)
-    res = {
-        "gpt": _rounds(gpt_steps(), rounds),
-        "llama": _rounds(llama_steps(seq), rounds),
-    }
+    res = {}
+    if "gpt" in groups:
+        res["gpt"] = _rounds(gpt_steps(), rounds)
+    if "llama" in groups:
+        res["llama"] = _rounds(llama_steps(seq), rounds)
     for reentrant in (False, True):
-        res[f"small-op, use_reentrant={reentrant}"] = _rounds(small_op_steps(reentrant), rounds)
-        res[f"segment, use_reentrant={reentrant}"] = _rounds(segment_steps(reentrant), rounds)
+        if "small-op" in groups:
+            res[f"small-op, use_reentrant={reentrant}"] = _rounds(small_op_steps(reentrant), rounds)
+        if "segment" in groups:
+            res[f"segment, use_reentrant={reentrant}"] = _rounds(segment_steps(reentrant), rounds)
     res["kept"] = kept_bytes(seq)
     res["heap"] = tr.heap_setting()
     return res
@@ -442,17 +449,27 @@ def main(argv: list[str] | None = None) -> int:
         default="steady",
         help="tr.config.heap in the measuring processes (default: steady, the default)",
     )
+    p.add_argument(
+        "--groups",
+        nargs="+",
+        choices=GROUPS,
+        default=list(GROUPS),
+        help="the groups of rows to run (default: all; e.g. --groups llama for more "
+        "processes of one group in the same time)",
+    )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     add_out_quick(p, quick="1 process, 3 rounds, sequence 64")
     args = p.parse_args(argv)
     rounds = args.rounds or (3 if args.quick else 15)
     seq = 64 if args.quick else 256
     if args.child:
-        print(json.dumps(child(rounds, seq)))
+        print(json.dumps(child(rounds, seq, tuple(args.groups))))
         return 0
     runs = []
     for _ in range(args.processes or (1 if args.quick else 5)):
-        child_args = ["--child", "--rounds", str(rounds)] + (["--quick"] if args.quick else [])
+        child_args = ["--child", "--rounds", str(rounds), "--groups", *args.groups] + (
+            ["--quick"] if args.quick else []
+        )
         proc = run_module(
             "benchmarks.bench_replay_speed",
             child_args,

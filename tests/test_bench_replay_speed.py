@@ -96,3 +96,23 @@ def test_perf_symbols_floor_variant_runs_torchs_checkpoint_under_the_floor():
     assert txns == []
     assert C._floor_observer(False) == 0  # (put back after each segment)
     assert C._floor_watch(False) == 0  # (and after the step)
+
+
+def test_groups_option_runs_only_the_named_groups(monkeypatch):
+    """``--groups`` reaches the child: it measures the named groups and no other (the
+    bytes kept and the heap setting are reported whatever the groups)."""
+    from benchmarks import bench_replay_speed as brs
+
+    measured = []
+    monkeypatch.setattr(brs, "_rounds", lambda steps, rounds: measured.append(rounds) or {})
+    monkeypatch.setattr(brs, "kept_bytes", lambda seq: {})
+    res = brs.child(1, 16, ("segment",))
+    assert sorted(res) == [
+        "heap",
+        "kept",
+        "segment, use_reentrant=False",
+        "segment, use_reentrant=True",
+    ]
+    assert measured == [1, 1]
+    with pytest.raises(SystemExit):  # (argparse: a group that does not exist)
+        brs.main(["--groups", "resnet"])
