@@ -99,8 +99,9 @@ def test_perf_symbols_floor_variant_runs_torchs_checkpoint_under_the_floor():
 
 
 def test_groups_option_runs_only_the_named_groups(monkeypatch):
-    """``--groups`` reaches the child: it measures the named groups and no other (the
-    bytes kept and the heap setting are reported whatever the groups)."""
+    """A child given ``groups`` measures those groups and no other (the bytes kept and
+    the heap setting are reported whatever the groups), and ``--groups`` refuses a name
+    that is not a group."""
     from benchmarks import bench_replay_speed as brs
 
     measured = []
