@@ -20,6 +20,11 @@ llama:      a Llama-style Hugging Face model (4 layers, hidden 256, sequence 256
             ``detect="preserve"``.
 small-op:   64 segments of a 6-operator block on 32x32, ``use_reentrant`` False and True.
 segment:    64 one-operator segments (the fixed cost of a segment).
+floors:     the small-op and segment chains (``use_reentrant=False``) under the other ways
+            to see operators, beside the observer's floor: a RecordFunction callback given
+            no arguments, one given inputs only, and a boxed dispatcher fallback on a mode
+            key (Note [Other observation floors] in benchmarks/observer_floors.cpp, built
+            on first use into build/bench_floors). Not in the default groups.
 
 Every group also runs torch's own variant twice per round: the second one's ratio (the
 A/A row) is what a ratio reads when nothing differs, the group's noise floor.
@@ -67,12 +72,38 @@ FLOOR = "torch's checkpoint + do-nothing observer callback (floor)"
 FLOOR_WATCH = "torch's checkpoint + do-nothing observer and watch callbacks (floor)"
 
 
-def _switched(switch: str, fn):
-    """``fn`` run with the extension's floor callback ``switch`` (``_floor_observer``
-    or ``_floor_watch``) registered for its duration."""
+# The other floors (Note [Other observation floors]), the "floors" group's rows.
+BARE = "torch's checkpoint + do-nothing callback, no arguments boxed"
+INPUTS = "torch's checkpoint + do-nothing callback, inputs boxed, no results"
+FALLBACK = "torch's checkpoint + do-nothing boxed fallback on a mode dispatch key"
+
+
+@functools.cache
+def floors_extension():
+    """The benchmark-only extension of benchmarks/observer_floors.cpp, built on first
+    use (ninja, as torch.utils.cpp_extension builds) into build/bench_floors."""
+    from torch.utils.cpp_extension import load
+
+    from benchmarks.cli import ROOT
+
+    build = os.path.join(ROOT, "build", "bench_floors")
+    os.makedirs(build, exist_ok=True)
+    return load(
+        name="torch_replay_bench_floors",
+        sources=[os.path.join(ROOT, "benchmarks", "observer_floors.cpp")],
+        build_directory=build,
+        extra_cflags=["-O2"],
+        verbose=False,
+    )
+
+
+def _switched(switch, fn):
+    """``fn`` run with the floor callback ``switch`` registered for its duration: the
+    name of one of the extension's (``_floor_observer`` or ``_floor_watch``) or a
+    counted switch of :func:`floors_extension`."""
     from torch_replay._ext import require_extension
 
-    on_off = getattr(require_extension(), switch)
+    on_off = switch if callable(switch) else getattr(require_extension(), switch)
 
     def run(*args, **kwargs):
         on_off(True)
@@ -294,8 +325,10 @@ def llama_steps(seq: int) -> dict:
     }
 
 
-def chain_steps(block, x0: torch.Tensor, reentrant: bool) -> dict:
-    """torch's and torch_replay's step through 64 checkpointed copies of ``block``."""
+def chain_steps(block, x0: torch.Tensor, reentrant: bool, floors: dict | None = None) -> dict:
+    """torch's and torch_replay's step through 64 checkpointed copies of ``block``;
+    ``floors``: more rows, by name, of torch's step under a floor switch (as
+    ``_switched`` takes it)."""
 
     def step(ckpt):
         def run():
@@ -309,23 +342,32 @@ def chain_steps(block, x0: torch.Tensor, reentrant: bool) -> dict:
     def floor_ckpt(fn, *args, switch, **kwargs):
         return tcp.checkpoint(_floor_fn(fn, switch), *args, **kwargs)
 
+    def floored(switch):
+        return step(functools.partial(floor_ckpt, switch=switch))
+
     return {
-        **_torch_rows(
-            step(tcp.checkpoint), lambda s: step(functools.partial(floor_ckpt, switch=s))
-        ),
+        **_torch_rows(step(tcp.checkpoint), floored),
+        **{name: floored(switch) for name, switch in (floors or {}).items()},
         "torch_replay": step(tr.checkpoint),
     }
 
 
-def small_op_steps(reentrant: bool) -> dict:
+def small_op_steps(reentrant: bool, floors: dict | None = None) -> dict:
     def block(a):
         return torch.tanh(a * 0.9 + 0.1).sigmoid() * a - 0.01
 
-    return chain_steps(block, torch.randn(32, 32, requires_grad=True), reentrant)
+    return chain_steps(block, torch.randn(32, 32, requires_grad=True), reentrant, floors)
 
 
-def segment_steps(reentrant: bool) -> dict:
-    return chain_steps(lambda h: h * 2, torch.randn(4, requires_grad=True), reentrant)
+def segment_steps(reentrant: bool, floors: dict | None = None) -> dict:
+    return chain_steps(lambda h: h * 2, torch.randn(4, requires_grad=True), reentrant, floors)
+
+
+def other_floors() -> dict:
+    """The "floors" group's extra rows: name -> switch (Note [Other observation
+    floors])."""
+    ext = floors_extension()
+    return {BARE: ext.bare, INPUTS: ext.inputs_only, FALLBACK: ext.fallback}
 
 
 # ------------------------------------------------------------------ memory
@@ -368,6 +410,7 @@ def kept_bytes(seq: int) -> dict[str, int]:
 
 
 GROUPS = ("gpt", "llama", "small-op", "segment")
+ALL_GROUPS = (*GROUPS, "floors")  # ("floors" only when named)
 
 
 def child(rounds: int, seq: int, groups: tuple[str, ...] = GROUPS) -> dict:
@@ -382,6 +425,10 @@ def child(rounds: int, seq: int, groups: tuple[str, ...] = GROUPS) -> dict:
             res[f"small-op, use_reentrant={reentrant}"] = _rounds(small_op_steps(reentrant), rounds)
         if "segment" in groups:
             res[f"segment, use_reentrant={reentrant}"] = _rounds(segment_steps(reentrant), rounds)
+    if "floors" in groups:
+        extra = other_floors()
+        res["floors: small-op, use_reentrant=False"] = _rounds(small_op_steps(False, extra), rounds)
+        res["floors: segment, use_reentrant=False"] = _rounds(segment_steps(False, extra), rounds)
     res["kept"] = kept_bytes(seq)
     res["heap"] = tr.heap_setting()
     return res
@@ -452,10 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--groups",
         nargs="+",
-        choices=GROUPS,
+        choices=ALL_GROUPS,
         default=list(GROUPS),
-        help="the groups of rows to run (default: all; e.g. --groups llama for more "
-        "processes of one group in the same time)",
+        help="the groups of rows to run (default: all but floors; e.g. --groups llama for "
+        "more processes of one group in the same time)",
     )
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     add_out_quick(p, quick="1 process, 3 rounds, sequence 64")

@@ -22,7 +22,7 @@ JOBS="${MAX_JOBS:-$(nproc)}"
 section "lint (ruff, clang-format)"
 "$BIN/ruff" check .
 "$BIN/ruff" format --check .
-mapfile -t cxx < <(git ls-files 'csrc/*.h' 'csrc/*.cpp' 'cuda/*.h' 'cuda/*.cu')
+mapfile -t cxx < <(git ls-files 'csrc/*.h' 'csrc/*.cpp' 'cuda/*.h' 'cuda/*.cu' 'benchmarks/*.cpp')
 "$BIN/clang-format" --dry-run -Werror "${cxx[@]}"
 
 section "C++ core (GoogleTest via CTest)"

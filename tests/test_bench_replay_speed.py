@@ -117,3 +117,38 @@ def test_groups_option_runs_only_the_named_groups(monkeypatch):
     assert measured == [1, 1]
     with pytest.raises(SystemExit):  # (argparse: a group that does not exist)
         brs.main(["--groups", "resnet"])
+
+
+def test_other_floors_change_no_gradient_and_the_fallback_sees_every_operator():
+    """The "floors" group's switches (benchmarks/observer_floors.cpp): torch's checkpoint
+    under each gives eager's gradients, each switch is counted and put back, and the
+    boxed fallback runs once for every operator the profiler's RecordFunction shows
+    (an independent count of the dispatcher's calls)."""
+    from benchmarks.bench_replay_speed import _floor_fn, floors_extension, other_floors
+
+    def plain(lin, x):
+        tcp.checkpoint(lin, x, use_reentrant=False).pow(2).sum().backward()
+
+    for name, switch in other_floors().items():
+
+        def floored(lin, x, switch=switch):
+            tcp.checkpoint(_floor_fn(lin, switch), x, use_reentrant=False).pow(2).sum().backward()
+
+        for a, b in zip(_grads(plain), _grads(floored), strict=True):
+            assert torch.equal(a, b), name
+        assert switch(False) == 0, name  # (put back; a stray off is ignored)
+        assert [switch(True), switch(True), switch(False), switch(False)] == [1, 2, 1, 0]
+
+    ext = floors_extension()
+    x = torch.randn(3, 4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        torch.tanh(x * 2 + 1).sum(dim=1)
+    expected = sum(e.name.startswith("aten::") for e in prof.events())
+    before = ext.fallback_calls()
+    ext.fallback(True)
+    try:
+        y = torch.tanh(x * 2 + 1).sum(dim=1)
+    finally:
+        ext.fallback(False)
+    assert ext.fallback_calls() - before == expected > 0
+    assert torch.equal(y, torch.tanh(x * 2 + 1).sum(dim=1))

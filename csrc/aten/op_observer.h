@@ -242,7 +242,10 @@ void observer_pop(Transaction* txn);
 // thread, inputs and outputs) and of the write watch (process-wide, inputs):
 // benchmarks/bench_replay_speed.py times torch's own checkpoint under them,
 // the cost no callback body can remove. Counted, like the real ones (a stray
-// `off` is ignored); each returns how many `on`s are left.
+// `off` is ignored); each returns how many `on`s are left. The other ways to
+// see operators (a callback given no arguments, one given inputs only, a boxed
+// dispatcher fallback on a mode key) are priced by the benchmark alone (Note
+// [Other observation floors] in benchmarks/observer_floors.cpp).
 int floor_observer(bool on);
 int floor_watch(bool on);
 // Number of transactions observing on this thread (for tests).
