@@ -119,8 +119,7 @@ void Transaction::before_reshape(const at::Tensor& t) {
   }
   external_.emplace(key, t.storage().getWeakStorageImpl());
   if (!declared_.count(key)) {
-    written_external_.insert_or_assign(
-        key, External{t.storage().getWeakStorageImpl()});
+    written_external_.insert_or_assign(key, External(t));
   }
   if (!writes_.count(key) || !observable(t)) {
     reshape_pending_.emplace_back(t);
@@ -301,6 +300,10 @@ void Transaction::before_op(
   }
   const bool replay = phase_ == Phase::kReplay;
   require_phase(replay || phase_ == Phase::kForward, "observe an operator");
+  if (!nested) {
+    // Before the operator allocates its results (Note [Storage keys]).
+    forget_dead(replay ? replay_internal_ : internal_);
+  }
 
   // Keys, devices, and grad taint of the reads; whether each storage is the
   // segment's own (made by it), looked up once for both loops.
@@ -455,8 +458,7 @@ void Transaction::forward_access(
   if (write) {
     auto ext = written_external_.find(key);
     if (ext == written_external_.end() || ext->second.storage.expired()) {
-      written_external_.insert_or_assign(
-          key, External{t.storage().getWeakStorageImpl()});
+      written_external_.insert_or_assign(key, External(t));
     }
     const StorageRef ref = ref_of(t.storage());
     implicit_.save(key, ref, fp);
@@ -517,8 +519,7 @@ void Transaction::preserve_read(
       std::lock_guard<std::mutex> lock(reg.mutex);
       reg.storages.insert_or_assign(key, t.storage().getWeakStorageImpl());
     }
-    written_external_.insert_or_assign(
-        key, External{t.storage().getWeakStorageImpl()});
+    written_external_.insert_or_assign(key, External(t));
     reads_engine_->declare(key, ref);
   }
   reads_engine_->access(key, ref, fp, Access::kRead);
@@ -609,6 +610,26 @@ void Transaction::after_op(
   }
 }
 
+void Transaction::forget_dead(StorageMap& made) {
+  std::vector<StorageKey>& dead = dead_scratch_;
+  dead.clear();
+  for (const auto& [key, weak] : made) {
+    if (weak.expired()) {
+      dead.push_back(key);
+    }
+  }
+  for (StorageKey key : dead) {
+    made.erase(key);  // frees the StorageImpl (Note [Storage keys])
+  }
+}
+
+Transaction::External::External(const at::Tensor& t)
+    : storage(t.storage().getWeakStorageImpl()) {
+  if (t.storage().allocator() == nullptr) {
+    foreign = t.storage();
+  }
+}
+
 Transaction::Watched Transaction::watch(const at::Tensor& t, StorageKey key) {
   c10::TensorImpl* impl = t.unsafeGetTensorImpl();
   return Watched{
@@ -679,7 +700,11 @@ void Transaction::end_forward() {
   // levels]).
   for (const auto& [key, ranges] :
        options_.verify_bytes ? footprint_ : writes_) {
-    end_hashes_.add(key, resolve(key), ranges);
+    const StorageRef ref = resolve(key);
+    if (ref.base == nullptr && !ranges.empty()) {
+      continue;  // freed since: nothing can read it any more (see External)
+    }
+    end_hashes_.add(key, ref, ranges);
   }
   // Reads are checked for changes after the forward (its own writes count).
   for (auto& [impl, w] : reads_) {
@@ -688,6 +713,11 @@ void Transaction::end_forward() {
   for (auto& w : reads_of_freed_) {
     w.version = counter_version(w.counter);
   }
+  // Whether the segment made a storage is asked only while its forward runs
+  // (Note [Storage keys]): the storages it made are let go now, not at the
+  // backward. (Freed, not cleared: the table's memory goes too.)
+  StorageMap().swap(internal_);
+  decltype(grad_tainted_)().swap(grad_tainted_);
   phase_ = Phase::kForwardDone;
 }
 

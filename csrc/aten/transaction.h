@@ -111,7 +111,29 @@ namespace torch_replay::aten {
 // every storage whose key it remembers (pre-existing, made by the segment,
 // made by the re-run): a weak reference keeps the StorageImpl's memory (not
 // its bytes) allocated, so no later storage can get the same key while the
-// transaction lives, and its facts never depend on what the allocator did.
+// transaction remembers it, and its facts never depend on what the allocator
+// did.
+//
+// Pre-existing storages are remembered until the transaction is released.
+// Those a run (the forward, or a re-run) made are asked one question only,
+// while that run goes on: did an operator of this run make the storage an
+// operator is given? So a run forgets them as they die: before each operator
+// the segment calls, those that only the transaction still holds (expired)
+// are dropped, and the end of the run drops the rest. Forgetting is sound
+// because it errs one way only:
+//  * a dead storage is never accessed again;
+//  * a storage the run makes later at the same address is seen made and
+//    remembered again;
+//  * one it did not see made there (torch.from_numpy inside the segment)
+//    counts as pre-existing, whose reads are watched and whose writes are
+//    kept or refused: the cautious side (tests/test_storage_keys.py).
+// Why not hold them to the run's end: each held one keeps a small block of
+// the heap in use per intermediate tensor, among the blocks the activations
+// are freed into and allocated from. On the Llama rows of
+// benchmarks/bench_replay_speed.py that cost about a point of the step, none
+// of it in torch_replay's code (benchmarks/results/replay_speed.md, "Eighth
+// run"); the simulated caches had shown last-level write misses in torch's
+// kernels 21% above the observation floor (perf_symbols_cache.md).
 
 // Address of the tensor's StorageImpl: the key of a storage everywhere.
 StorageKey storage_key(const at::Tensor& t);
@@ -305,8 +327,16 @@ class Transaction {
     int64_t version;
     StorageKey key;
   };
+  // A pre-existing storage the segment wrote (or preserves). Held weakly
+  // (Note [Storage keys]), and also strongly when its memory is not its
+  // allocator's (torch.from_numpy, torch.frombuffer, DLPack, from_blob):
+  // that memory outlives the storage, and a re-run that wraps it again
+  // (a new storage, a key no forward saw) must find the start bytes put back
+  // through this one, so this one must not die before the transaction does.
   struct External {
+    explicit External(const at::Tensor& t);
     c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    c10::Storage foreign;
   };
 
   StorageRef resolve(StorageKey key) const;
@@ -347,6 +377,9 @@ class Transaction {
   void replay_access(
       const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
   void track_default_generator(const c10::Device& device);
+  // Lets go of the storages in `made` (internal_ or replay_internal_) that
+  // died (Note [Storage keys]).
+  void forget_dead(StorageMap& made);
   void track_random_use(
       const c10::Device& device, const std::optional<at::Generator>& generator);
   Watched watch(const at::Tensor& t, StorageKey key);
@@ -378,7 +411,7 @@ class Transaction {
   StorageMap external_;
   // Storages the segment made. Weak references too, for the same reason: a
   // storage made and freed inside the forward must not give its key to one
-  // the forward did not see made (Note [Storage keys]).
+  // the forward did not see made (Note [Storage keys]). Freed by end_forward.
   StorageMap internal_;
   std::map<StorageKey, External> written_external_;
   std::map<StorageKey, RangeSet> footprint_, writes_;
@@ -430,6 +463,7 @@ class Transaction {
   std::exception_ptr pending_;
   bool watching_writes_ = false;
   std::vector<StorageKey> keys_scratch_;  // before_op's, reused
+  std::vector<StorageKey> dead_scratch_;  // forget_dead's, reused
   std::vector<char> own_scratch_;         // before_op's, reused
 };
 

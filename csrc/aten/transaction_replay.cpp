@@ -165,8 +165,7 @@ void Transaction::replay_access(
     if (!known) {
       // Keep the live bytes first (Note [C++ observer]: the write happens
       // even though it is refused), so that finish_replay puts them back.
-      written_external_.insert_or_assign(
-          key, External{t.storage().getWeakStorageImpl()});
+      written_external_.insert_or_assign(key, External(t));
       live_.save(key, ref_of(t.storage()), fp);
       remember_version(t);
       fail(
