@@ -700,11 +700,11 @@ void Transaction::end_forward() {
   // levels]).
   for (const auto& [key, ranges] :
        options_.verify_bytes ? footprint_ : writes_) {
-    const StorageRef ref = resolve(key);
-    if (ref.base == nullptr && !ranges.empty()) {
+    auto e = written_external_.find(key);
+    if (e != written_external_.end() && e->second.storage.expired()) {
       continue;  // freed since: nothing can read it any more (see External)
     }
-    end_hashes_.add(key, ref, ranges);
+    end_hashes_.add(key, resolve(key), ranges);
   }
   // Reads are checked for changes after the forward (its own writes count).
   for (auto& [impl, w] : reads_) {
