@@ -122,3 +122,32 @@ def test_a_storage_not_seen_made_at_a_forgotten_address_counts_as_preexisting():
         # (The case this test is for: glibc's cache of freed blocks hands the forgotten
         # StorageImpl's memory to the next one of its size.)
         assert reused[0], "the forward's numpy storage did not take a forgotten address"
+
+
+def test_a_preexisting_tensor_written_then_dropped_inside_the_segment():
+    """The segment doubles a tensor that existed before it, then replaces it (the only
+    reference to the written one dies inside the forward). Nothing can read the dropped
+    storage again, so the forward's end and the re-run's start skip it (before, both
+    failed on it with an internal "byte range outside its storage"); the gradient and
+    the state after backward are eager's."""
+
+    def run(checkpoint):
+        holder = [torch.ones(4)]
+
+        def segment(x):
+            g = holder[0]
+            g.mul_(2.0)
+            holder[0] = torch.ones(4)
+            return (x * g).sum()
+
+        x = torch.linspace(-1.0, 1.0, 4, requires_grad=True)
+        if checkpoint is None:
+            segment(x).backward()
+        else:
+            checkpoint(segment, x, use_reentrant=False).backward()
+        return x.grad, holder[0]
+
+    eager_grad, eager_state = run(None)
+    grad, state = run(tr.checkpoint)
+    assert torch.equal(grad, eager_grad)
+    assert torch.equal(state, eager_state)

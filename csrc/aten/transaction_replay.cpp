@@ -84,8 +84,9 @@ void Transaction::begin_replay() {
     }
   }
   for (StorageKey key : implicit_.keys()) {
-    if (!reshaped(key)) {
-      live_.save(key, r(key), implicit_.saved(key));
+    StorageRef ref = r(key);
+    if (ref.base != nullptr && !reshaped(key)) {  // (gone: nothing to keep)
+      live_.save(key, ref, implicit_.saved(key));
     }
   }
   for (auto& [key, d] : declared_) {
