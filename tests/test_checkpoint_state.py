@@ -236,7 +236,7 @@ def test_preserve_refuses_a_write_that_bypasses_the_dispatcher(detect_level, mon
     assert_refused_leaving(y, head.queue, "bypassed the dispatcher")
 
 
-def test_preserve_keeps_parameters_it_only_reads_at_no_cost(detect_level):
+def test_preserve_keeps_parameters_it_only_reads_at_no_cost(observer, detect_level):
     detect_level("preserve")
     torch.manual_seed(0)
     blocks = nn.Sequential(*[nn.Sequential(nn.Linear(32, 32), nn.Tanh()) for _ in range(3)])

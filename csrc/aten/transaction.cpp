@@ -686,6 +686,15 @@ void Transaction::end_forward() {
   engine_->end_forward();
   if (reads_engine_) {
     reads_engine_->end_forward();
+    // A tensor saved for backward before its operator reported reading it
+    // (the Python observer: autograd saves before a TorchDispatchMode sees the
+    // operator) is preserved, not checked, as under the C++ observer.
+    saved_.erase(
+        std::remove_if(
+            saved_.begin(),
+            saved_.end(),
+            [this](const Watched& w) { return preserved_.count(w.key) > 0; }),
+        saved_.end());
   }
   if (watching_writes_ && engine_->kind() != EngineKind::kJournal &&
       !reads_engine_ && !marks_writes()) {
