@@ -137,3 +137,23 @@ def test_weights_written_after_a_retained_backward_are_named(observer):
         m.proj.bias.add_(1)
     with pytest.raises(tr.StateMutationError, match=r"(?s)earlier backward.*proj\.bias"):
         loss.backward()
+
+
+def test_a_graph_never_backwarded_keeps_one_copy_not_one_per_step(observer):
+    """Note [Region journal]: an output kept with its graph (an evaluation forward run
+    with grad enabled) keeps what its segments read once, however many optimizer steps
+    write it afterwards, and nothing once it is dropped."""
+    blocks = _blocks()
+    opt = torch.optim.SGD(blocks.parameters(), lr=0.1)
+    x = torch.randn(8, 64)
+    kept = _forward(blocks, x, False)  # never backwarded
+    held = []
+    for _ in range(4):
+        loss = _forward(blocks, x, False)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        held.append(tr.engine_bytes())
+    assert held == [_param_bytes(blocks)] * 4
+    del kept
+    assert tr.engine_bytes() == 0

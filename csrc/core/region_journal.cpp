@@ -12,9 +12,10 @@ namespace torch_replay {
 // recorded again: undo restores each byte from the oldest entry at or after a
 // pin, and every pin that exists now is at or before the newest one, so a
 // second entry for a byte is never the oldest for any of them (pins made later
-// lie after every entry of now). Dropping the newest pin leaves the covered set
-// smaller than the union since the new newest pin: more is recorded, never
-// less.
+// lie after every entry of now). When the newest pin goes, the covered set is
+// rebuilt for the new newest pin (coverage_after_unpin_locked): without that,
+// a pin left behind by a segment whose backward never runs (a graph kept
+// alive) would have each later step's writes recorded again, a copy per step.
 int64_t RegionJournal::record(
     StorageKey key, const StorageRef& storage, const RangeSet& in) {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -118,8 +119,35 @@ void RegionJournal::unpin(int64_t seq) {
   if (it == pins_.end()) {
     throw ReplayException(ErrorKind::kInternal, "journal: unpin of a free pin");
   }
+  const bool was_newest = seq == *pins_.rbegin();
   pins_.erase(it);
   trim_locked();
+  if (was_newest && !pins_.empty() && *pins_.rbegin() < seq) {
+    coverage_after_unpin_locked();
+  }
+}
+
+// The newest pin is now an older one, N. An entry since N whose bytes an
+// earlier entry since N already holds is never the oldest entry covering
+// those bytes at or after any pin (every pin is at or before N, so that
+// earlier entry lies after it too): undo never reads it, and it is dropped.
+// What remains since N is exactly the covered set record() keeps for N.
+void RegionJournal::coverage_after_unpin_locked() {
+  const int64_t newest = *pins_.rbegin();
+  covered_since_newest_pin_.clear();
+  std::deque<Entry> kept;
+  for (auto& e : entries_) {
+    if (e.seq >= newest) {
+      RangeSet& covered = covered_since_newest_pin_[e.key];
+      if (e.ranges.subtract(covered).empty()) {
+        bytes_ -= e.old_bytes->nbytes();
+        continue;
+      }
+      covered.add(e.ranges);
+    }
+    kept.push_back(std::move(e));
+  }
+  entries_.swap(kept);
 }
 
 bool RegionJournal::recording() const {

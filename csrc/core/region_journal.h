@@ -106,6 +106,7 @@ class RegionJournal {
     std::unique_ptr<Blob> old_bytes;
   };
   void trim_locked();
+  void coverage_after_unpin_locked();
 
   mutable std::mutex mutex_;
   std::deque<Entry> entries_;
