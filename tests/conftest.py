@@ -36,6 +36,24 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA device (none here)"))
 
 
+@pytest.fixture(autouse=True)
+def _detect_level(request):
+    """``@pytest.mark.detect("reads")``: the test runs at that ``tr.config.detect``
+    level (the refusing one, for tests of what a refusal says), not the default."""
+    marker = request.node.get_closest_marker("detect")
+    if marker is None:
+        yield
+        return
+    import torch_replay as tr
+
+    old = tr.config.detect
+    tr.config.detect = marker.args[0]
+    try:
+        yield
+    finally:
+        tr.config.detect = old
+
+
 @pytest.fixture
 def one_thread():
     """One intra-op thread for the test. Inductor's CPU scatter-add accumulates with

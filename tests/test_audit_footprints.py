@@ -89,15 +89,25 @@ def _check_against_checkpoint(prog, x):
 
     report = audit(prog, x.detach().requires_grad_(), segments=["seg"], probe_engines=False)
     s = report["seg"]
-    theirs = _run(prog, x, lambda f, a: tr.checkpoint(f, a, use_reentrant=False))
+    old = tr.config.detect
+    try:
+        tr.config.detect = "reads"  # the refusing level, which the verdict is about
+        theirs = _run(prog, x, lambda f, a: tr.checkpoint(f, a, use_reentrant=False))
+        tr.config.detect = "preserve"
+        preserved = _run(prog, x, lambda f, a: tr.checkpoint(f, a, use_reentrant=False))
+    finally:
+        tr.config.detect = old
     if s.overlapping_writes:
         assert isinstance(theirs, OverlapError), (s, theirs)
+        assert isinstance(preserved, OverlapError), (s, preserved)
         return s
     eager = _run(prog, x)
     assert isinstance(eager, torch.Tensor), eager
     assert report.error is None
     torch_grad = _run(prog, x, lambda f, a: tcp.checkpoint(f, a, use_reentrant=False))
     assert torch.equal(torch_grad, eager) == s.torch_checkpoint_exact, s
+    # detect="preserve" (the default) needs no declaration: eager's gradient always.
+    assert isinstance(preserved, torch.Tensor) and torch.equal(preserved, eager), (s, preserved)
     if s.mutated_after_read or s.written_elsewhere_after_read:
         assert isinstance(theirs, StateMutationError), (s, theirs)
         assert s.state == ["buf (buffer)"]

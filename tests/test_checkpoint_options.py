@@ -115,6 +115,7 @@ def test_an_unknown_level_is_refused_naming_the_valid_ones(setting, monkeypatch)
         tr.checkpoint(torch.sin, x, use_reentrant=False)
 
 
+@pytest.mark.detect("reads")  # what the refusing level says
 @pytest.mark.parametrize("reentrant", REENTRANT)
 def test_read_through_a_temporary_view_is_checked(reentrant):
     # Found by the cohort suite: the view dies after the forward, its base's

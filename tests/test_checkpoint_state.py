@@ -74,6 +74,7 @@ def test_mutated_module_buffer():
     check_hidden(program, ["auto", "snapshot", "readset"])
 
 
+@pytest.mark.detect("reads")  # what the refusing level says
 @pytest.mark.parametrize("reentrant", REENTRANT)
 def test_undeclared_mutated_buffer_raises_naming_it(reentrant):
     torch.manual_seed(0)

@@ -100,7 +100,12 @@ class _Stack(torch.nn.Module):
         return x.sum()
 
 
-def test_hidden_buffer_under_compile_declared_is_eager_undeclared_refused():
+@pytest.mark.parametrize("detect", ["preserve", "reads"])
+def test_hidden_buffer_under_compile_declared_is_eager_undeclared_refused(detect, monkeypatch):
+    """At every detect level, "preserve" (the default) included, an undeclared buffer
+    inside a compiled segment is left to autograd, as torch leaves it (Note [Checkpoint
+    under torch.compile])."""
+    monkeypatch.setattr(tr.config, "detect", detect)
     x0 = torch.randn(4, 16)
     ref = _Stack(declare=False)  # eager reference: the forward that actually ran
     x_ref = x0.clone().requires_grad_(True)
@@ -130,27 +135,6 @@ def test_hidden_buffer_under_compile_declared_is_eager_undeclared_refused():
             # AOTAutograd saved the live buffer: autograd refuses, never silently wrong
             with pytest.raises(RuntimeError, match="modified by an inplace operation"):
                 loss.backward()
-
-
-def test_hidden_buffer_under_compile_detect_preserve_is_eager(monkeypatch):
-    """tr.config.detect = "preserve": a module segment's buffers are kept as if declared."""
-    monkeypatch.setattr(tr.config, "detect", "preserve")
-    x0 = torch.randn(4, 16)
-    ref = _Stack(declare=False)
-    x_ref = x0.clone().requires_grad_(True)
-    h = x_ref
-    for b in ref.blocks:
-        h = b(h)
-    h.sum().backward()
-    torch._dynamo.reset()
-    model = _Stack(declare=False)
-    x = x0.clone().requires_grad_(True)
-    loss = torch.compile(model, backend="aot_eager", fullgraph=True)(x)
-    with torch.no_grad():
-        for b in model.blocks:
-            b.shift.add_(1.0)
-    loss.backward()
-    torch.testing.assert_close(x.grad, x_ref.grad)
 
 
 def test_random_ops_replayed_under_memory_budget():

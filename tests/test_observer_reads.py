@@ -3,7 +3,8 @@
 ``float``, ``half``, ``contiguous``, ``reshape``, ``type_as``, ``flatten`` may return
 their argument or a fresh copy. A segment that reads a buffer through one of them, the
 buffer changed before backward, must give eager's gradient (declared, with an engine
-that preserves) or a named refusal (undeclared; the guard), never another gradient,
+that preserves; undeclared under detect="preserve", the default) or a named refusal
+(undeclared under detect="reads"; the guard), never another gradient,
 with both observers and both checkpoint variants. The reference is eager PyTorch: the
 gradient of the forward that ran."""
 
@@ -59,9 +60,15 @@ def _run(conv, reentrant, **options):
 
 @pytest.mark.parametrize("reentrant", REENTRANT)
 @pytest.mark.parametrize("name", sorted(CONVERSIONS))
-def test_undeclared_read_through_a_conversion_is_refused(observer, name, reentrant):
+@pytest.mark.parametrize("detect", ["reads", "preserve"])
+def test_undeclared_read_through_a_conversion(observer, name, reentrant, detect, monkeypatch):
+    """detect="reads": a named refusal; "preserve" (the default): eager's gradient."""
+    monkeypatch.setattr(tr.config, "detect", detect)
     ref, got = _run(CONVERSIONS[name], reentrant)
-    assert isinstance(got, tr.StateMutationError), (name, got)
+    if detect == "reads":
+        assert isinstance(got, tr.StateMutationError), (name, got)
+    else:
+        assert isinstance(got, torch.Tensor) and torch.equal(got, ref), (name, got)
 
 
 @pytest.mark.parametrize("reentrant", REENTRANT)
@@ -83,9 +90,13 @@ def test_declared_read_through_a_conversion_gives_eager(observer, name, engine, 
 
 @pytest.mark.parametrize("reentrant", REENTRANT)
 @pytest.mark.parametrize("name", ["to_dtype", "contiguous", "half"])
-def test_guard_refuses_a_declared_read_through_a_conversion(observer, name, reentrant):
+def test_guard_refuses_a_declared_read_through_a_conversion(observer, name, reentrant, monkeypatch):
+    """The guard keeps nothing: a declared read it guards is refused at every detect
+    level, as an undeclared one is under "reads"."""
+    monkeypatch.setattr(tr.config, "detect", "reads")
     _, got = _run(CONVERSIONS[name], reentrant, state=None)
     assert isinstance(got, tr.StateMutationError)
+    monkeypatch.setattr(tr.config, "detect", "preserve")
     buf = torch.linspace(0.5, 1.5, 12)
     x = torch.randn(12, dtype=torch.float64, requires_grad=True)
     y = tr.checkpoint(

@@ -150,6 +150,25 @@ def test_declared_input_changed_before_backward_under_an_outer_hook_is_eager():
     assert torch.equal(w.grad, eager)
 
 
+@pytest.mark.detect("preserve")
+@pytest.mark.parametrize("outer_hook", [False, True])
+def test_undeclared_input_changed_before_backward_is_eager_under_preserve(outer_hook):
+    """detect="preserve" (the default): an argument changed before backward, with or
+    without an outer hook packing it, gives eager's gradient without state=."""
+    torch.manual_seed(0)
+    w = torch.randn(4, requires_grad=True)
+    a = torch.randn(4)
+    (a * w).sin().sum().backward()
+    eager = w.grad.clone()
+    w.grad = None
+    with save_on_cpu(pin_memory=True) if outer_hook else contextlib.nullcontext():
+        y = tr.checkpoint(lambda a, w: (a * w).sin(), a, w, use_reentrant=False)
+    a.add_(1.0)
+    y.sum().backward()
+    assert torch.equal(w.grad, eager)
+
+
+@pytest.mark.detect("reads")  # what the refusing level says
 def test_undeclared_input_changed_before_backward_is_named():
     w = torch.randn(4, requires_grad=True)
     a = torch.randn(4)

@@ -277,6 +277,7 @@ def _sparse_mm_with_reference(a):
     return fn, x, ref
 
 
+@pytest.mark.detect("reads")  # what the refusing level says
 @pytest.mark.parametrize("reentrant", REENTRANT)
 @pytest.mark.parametrize("make", [_csr, _coo], ids=["csr", "coo"])
 def test_sparse_tensor_changed_through_its_values_is_refused(observer, make, reentrant):

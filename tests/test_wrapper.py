@@ -164,11 +164,20 @@ def test_buffer_changed_before_backward_declared_module_is_eager():
     assert_bitwise(g_l, g_e)  # a list declares what it lists
 
 
-def test_replay_state_none_declares_nothing():
+@pytest.mark.parametrize("detect", ["reads", "preserve"])
+def test_replay_state_none_declares_nothing(detect, monkeypatch):
+    """Undeclared and changed: refused under detect="reads", preserved (eager's
+    gradient) under "preserve", the default."""
+    monkeypatch.setattr(tr.config, "detect", detect)
     x = torch.randn(4, 16)
     model = _scaled(lambda m: tr.checkpoint_wrapper(m, replay_state=None))
-    with pytest.raises(tr.StateMutationError, match="gain"):
-        _step(model, x, between=_bump_gain)  # undeclared and changed: detected, not fixed
+    if detect == "reads":
+        with pytest.raises(tr.StateMutationError, match="gain"):
+            _step(model, x, between=_bump_gain)
+    else:
+        _, g_e, _ = _step(_scaled(), x)  # eager: the forward-time gain
+        _, g_r, _ = _step(model, x, between=_bump_gain)
+        assert_bitwise(g_r, g_e)
     tr.apply_activation_checkpointing(model2 := _scaled(), replay_state=None)
     assert model2[0].checkpoint_fn.keywords["replay_state"] is None
 

@@ -30,24 +30,29 @@ ENGINES: tuple[str, ...] = engine_names()
 class ReplayConfig:
     """Process-wide settings of ``torch_replay.checkpoint``."""
 
-    detect: str = os.environ.get("TORCH_REPLAY_DETECT", "reads")
-    """What undeclared state is checked (by version counters) before a re-run.
-    ``"reads"`` (default): every tensor that existed before the segment and that it
-    read (parameters, buffers, inputs, captured tensors), plus what it saved for
-    backward; one weak reference and one integer per tensor. ``"saved"``: only the
-    tensors the forward saved for backward (what eager autograd checks).
-    ``use_reentrant=True`` always uses ``"reads"``, since its forward saves nothing.
-    ``"preserve"``: instead of checking, preserve every such tensor the segment
-    read: a later in-place write to it (outside segments too) first journals the
-    old bytes of what it overwrites, so the re-run sees the forward's values
-    without ``state=`` (copy-on-write, as ``engine="journal"`` for declared
-    state). Writes that bypass the dispatcher (the memory of ``.numpy()``, raw
-    pointers) are detected, by hashes, with ``verify="bytes"``.
-    While such a segment waits for its backward, every operator of the process
-    pays the write watch (benchmarks/results/observer.md gives its cost).
-    Inside ``torch.compile``, ``"preserve"`` treats a module segment's buffers as
-    declared (Note [Checkpoint under torch.compile] in compiled.py); the other
-    levels leave undeclared tensors to autograd's version check there."""
+    detect: str = os.environ.get("TORCH_REPLAY_DETECT", "preserve")
+    """What happens to undeclared state: a tensor that existed before the segment and
+    that it read (parameter, buffer, input, captured tensor), changed in place before
+    backward. ``"preserve"`` (default): preserved, so the re-run sees the forward's
+    values without ``state=``: the segment's reads are journaled copy-on-write, a
+    later in-place write to them (outside segments too) first keeps the old bytes of
+    what it overwrites (as ``engine="journal"`` for declared state), and nothing is
+    copied if nothing is written. While such a segment waits for its backward, every
+    operator of the process pays the write watch. A graph kept past its first
+    backward (``retain_graph=True``) stops preserving what was not written before
+    it, and refuses a second backward if that is written later; a graph kept and
+    never backwarded keeps at most one copy of what it read and was later written
+    (Note [Preserved reads after the first re-run] in
+    csrc/aten/transaction_replay.cpp). Writes that bypass the dispatcher (the
+    memory of ``.numpy()``, raw pointers) are detected, by hashes, with
+    ``verify="bytes"``. ``"reads"``: refuse instead (``StateMutationError`` naming
+    the tensor), checked by version counters: one weak reference and one integer per
+    tensor read, no write watch. ``"saved"``: check only the tensors the forward
+    saved for backward (what eager autograd checks); with ``use_reentrant=True``,
+    whose forward saves nothing, it means ``"reads"``. Inside
+    ``torch.compile`` every level leaves undeclared tensors to autograd's version
+    check, as torch does (Note [Checkpoint under torch.compile] in compiled.py).
+    benchmarks/results/replay_speed.md gives the cost of each level."""
 
     verify: str = os.environ.get("TORCH_REPLAY_VERIFY", "dispatcher")
     """What proves that a re-run starts from the forward's bytes and reproduces its

@@ -176,9 +176,6 @@ def checkpoint(
         state, engine = _replay_options(function, kwargs)
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-        root = _module_of(function)
-        if state is None and config.detect == "preserve" and root is not None:
-            state = [root]  # preserve what it reads, undeclared: its buffers, as declared
         return checkpoint_compiled(
             function,
             args,

@@ -1,5 +1,7 @@
 """The main job: torch.utils.checkpoint returns a wrong gradient on a model whose buffer
-changes between forward and backward; torch_replay.checkpoint returns the right one.
+changes between forward and backward; torch_replay.checkpoint returns the right one,
+with nothing declared (``tr.config.detect = "preserve"``, the default) and with the block
+declared (``state=[block]``).
 
     python -m torch_replay.demo
 
@@ -38,6 +40,8 @@ def step(method: str) -> list[torch.Tensor]:
         y = block(x)
     elif method == "torch.utils.checkpoint":
         y = tcp.checkpoint(block, x, use_reentrant=False)
+    elif method == "torch_replay.checkpoint":  # nothing declared: preserved by default
+        y = tr.checkpoint(block, x, use_reentrant=False)
     else:
         y = tr.checkpoint(block, x, state=[block], use_reentrant=False)
     with torch.no_grad():
@@ -60,19 +64,28 @@ def main(argv: list[str] | None = None) -> int:
     argparse.ArgumentParser(
         prog="python -m torch_replay.demo",
         description=__doc__.split("\n\n    python")[0]
-        + "\n\nRuns one training step three ways (eager PyTorch, torch.utils.checkpoint, "
-        "torch_replay.checkpoint), prints each gradient's largest difference to eager, then "
-        "shows the error torch_replay gives when the buffer is not declared. Takes a few "
-        "seconds; writes nothing. Exit status 0 when the outcome is as expected.",
+        + "\n\nRuns one training step four ways (eager PyTorch, torch.utils.checkpoint, "
+        "torch_replay.checkpoint with nothing declared and with state=[block]), prints each "
+        "gradient's largest difference to eager, then shows the error torch_replay gives "
+        'when nothing is declared under tr.config.detect = "reads". Takes a few seconds; '
+        "writes nothing. Exit status 0 when the outcome is as expected.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     ).parse_args(argv)
     ref = step("eager")
     print("gradient difference to eager PyTorch (the forward that actually ran):")
     worst = {}
-    for method in ("torch.utils.checkpoint", "torch_replay.checkpoint"):
+    methods = ("torch.utils.checkpoint", "torch_replay.checkpoint", "state=[block]")
+    labels = {
+        "torch.utils.checkpoint": "torch.utils.checkpoint",
+        "torch_replay.checkpoint": "torch_replay.checkpoint (nothing declared)",
+        "state=[block]": "torch_replay.checkpoint, state=[block]",
+    }
+    for method in methods:
         got = step(method)
         worst[method] = max((a - b).abs().max().item() for a, b in zip(got, ref, strict=True))
-        print(f"  {method:24s} max |grad - reference| = {worst[method]:.3e}")
+        print(f"  {labels[method]:42s} max |grad - reference| = {worst[method]:.3e}")
+    old = tr.config.detect
+    tr.config.detect = "reads"  # the level that refuses instead of preserving
     try:
         torch.manual_seed(0)
         block = Block()
@@ -81,11 +94,13 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             block.shift.add_(1.0)
         y.sum().backward()
-        print("undeclared buffer: no error (unexpected)")
+        print('detect="reads", nothing declared: no error (unexpected)')
         return 1
     except tr.StateMutationError as e:
-        print(f"undeclared buffer: torch_replay refuses: {e}")
-    ok = worst["torch_replay.checkpoint"] == 0.0 and worst["torch.utils.checkpoint"] > 0.0
+        print(f'detect="reads", nothing declared: torch_replay refuses: {e}')
+    finally:
+        tr.config.detect = old
+    ok = worst["torch.utils.checkpoint"] > 0.0 and all(worst[m] == 0.0 for m in methods[1:])
     print("OK" if ok else "UNEXPECTED")
     return 0 if ok else 1
 

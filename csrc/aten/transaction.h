@@ -256,8 +256,6 @@ class Transaction {
   bool overwritten_later(const at::Tensor& t) const;
   void verify_replay();
   void finish_replay();
-  // Note [Preserved reads after the first re-run].
-  void retire_preserved_reads();
   bool in_replay() const {
     return phase_ == Phase::kReplay;
   }
@@ -441,11 +439,6 @@ class Transaction {
   // engine; a later write to them anywhere first journals the old bytes.
   std::unique_ptr<PreservationEngine> reads_engine_;
   std::unordered_set<StorageKey> preserved_;
-  // Note [Preserved reads after the first re-run]: the preserved storages
-  // no write had touched when the first re-run ended; from then on they are
-  // marked (Note [Write marks]), not journaled, and a later re-run refuses
-  // if one was written.
-  std::vector<StorageKey> preserved_marked_;
   // Note [Storage-changing writes]: tensors whose storage the forward
   // resized or replaced, with their start state; the storages they own.
   std::vector<ReshapeRecord> reshaped_;

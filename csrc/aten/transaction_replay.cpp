@@ -43,21 +43,6 @@ void Transaction::check_unchanged() const {
   for (const auto& w : reads_of_freed_) {
     check(w, "read");
   }
-  // Note [Preserved reads after the first re-run].
-  for (StorageKey key : preserved_marked_) {
-    if (!RegionJournal::global().marked(this, key).empty()) {
-      fail(
-          static_cast<int>(ErrorKind::kStateMutation),
-          "a tensor the checkpointed segment read was modified in place after "
-          "an earlier backward had already re-run the segment (the graph was "
-          "kept, e.g. with retain_graph=True), so this re-run would compute "
-          "different values: tr.config.detect='preserve' keeps what the "
-          "segment read only until its first backward. Declare it in state= "
-          "to keep its forward value for every backward, or do not modify it "
-          "between the backward passes.",
-          key);
-    }
-  }
   // Note [Sparse tensors]: their parts, by their bytes.
   const StorageKey bad = sparse_reads_.first_mismatch([this](StorageKey key) {
     auto it = external_.find(key);
@@ -318,47 +303,6 @@ void Transaction::finish_replay() {
   replay_versioned_.clear();
   replay_internal_.clear();
   phase_ = Phase::kForwardDone;
-  retire_preserved_reads();
-}
-
-// Note [Preserved reads after the first re-run]
-// Under detect="preserve" a segment journals what it read until it is
-// released, which happens when autograd frees its graph: right after its
-// backward, unless the graph is kept (retain_graph=True, or an output held
-// past the step). A kept graph would then journal every later write to what
-// the segment read, the optimizer's step to each parameter included: a copy
-// of the parameters for as long as the graph lives, which neither torch nor
-// the "reads" level costs. So when a re-run ends, each preserved storage
-// that no write has touched since the forward (nothing journaled for it:
-// its bytes are the forward's) is handed from the journal to a write mark:
-// no byte is kept for it any more, and a later re-run (the next backward
-// through the kept graph) refuses, naming it, if a write touched it, as the
-// "reads" level would. A storage that was written before the first re-run
-// stays journaled (its forward bytes exist only there), and so does
-// everything under verify="bytes", whose start hashes prove all the reads
-// together. Marks see exactly the writes the journal sees (both are fed by
-// record_if_watched, Note [Journal watch]), and the weak reference the
-// transaction holds keeps a marked storage's address from being reused
-// (Note [Storage keys]), so a mark cannot be set by another storage.
-void Transaction::retire_preserved_reads() {
-  if (!reads_engine_ || options_.verify_bytes || !preserved_marked_.empty()) {
-    return;  // (once: what stayed journaled then stays journaled)
-  }
-  const std::map<StorageKey, RangeSet> journaled =
-      reads_engine_->restored_regions();
-  RegionJournal& journal = RegionJournal::global();
-  for (StorageKey key : preserved_) {
-    if (journaled.count(key)) {
-      continue;
-    }
-    journal.mark(this, key);  // before the watch goes: no write in between
-    if (reads_engine_->forget(key)) {
-      preserved_marked_.push_back(key);
-    }
-  }
-  if (preserved_marked_.size() == preserved_.size()) {
-    reads_engine_->release();  // its pin too: nothing is journaled any more
-  }
 }
 
 void Transaction::release() {
@@ -370,8 +314,6 @@ void Transaction::release() {
   }
   if (reads_engine_) {
     reads_engine_->release();
-    RegionJournal::global().unmark(this);  // (Note [Preserved reads after...])
-    preserved_marked_.clear();
   }
   if (watching_writes_) {
     write_watch_release();

@@ -1,6 +1,5 @@
 #include "core/preservation_engine.h"
 
-#include <algorithm>
 #include <set>
 #include <utility>
 
@@ -287,18 +286,6 @@ class JournalEngine : public PreservationEngine {
       pin_ = -1;
     }
     start_.clear();
-  }
-  bool forget(StorageKey key) override {
-    if (!start_.empty()) {
-      return false;  // its start hashes prove bytes it cannot drop one by one
-    }
-    auto it = std::find(watched_.begin(), watched_.end(), key);
-    if (it == watched_.end()) {
-      return false;
-    }
-    journal_.unwatch(key);
-    watched_.erase(it);
-    return true;
   }
 
  protected:

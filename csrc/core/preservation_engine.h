@@ -113,12 +113,6 @@ class PreservationEngine {
   virtual int64_t retained_bytes() const = 0;
   // Drops what is kept (and the journal's pin and watches). Idempotent.
   virtual void release() = 0;
-  // Stops keeping declared storage `key` (its caller proves it unchanged by
-  // other means from now on); the journal unwatches it. Returns false, and
-  // changes nothing, for an engine that cannot let go of one storage.
-  virtual bool forget(StorageKey /*key*/) {
-    return false;
-  }
 
  protected:
   PreservationEngine() = default;
