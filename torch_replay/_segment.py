@@ -38,14 +38,12 @@ class ReplayConfig:
     later in-place write to them (outside segments too) first keeps the old bytes of
     what it overwrites (as ``engine="journal"`` for declared state), and nothing is
     copied if nothing is written. While such a segment waits for its backward, every
-    operator of the process pays the write watch. A graph kept past its first
-    backward (``retain_graph=True``) stops preserving what was not written before
-    it, and refuses a second backward if that is written later; a graph kept and
-    never backwarded keeps at most one copy of what it read and was later written
-    (Note [Preserved reads after the first re-run] in
-    csrc/aten/transaction_replay.cpp). Writes that bypass the dispatcher (the
-    memory of ``.numpy()``, raw pointers) are detected, by hashes, with
-    ``verify="bytes"``. ``"reads"``: refuse instead (``StateMutationError`` naming
+    operator of the process pays the write watch. A graph kept alive (past its
+    backward with ``retain_graph=True``, or never backwarded) keeps at most one copy
+    of what its segments read and later steps overwrite, until it is dropped
+    (Note [Region journal] in csrc/core/region_journal.h). Writes that bypass the
+    dispatcher (the memory of ``.numpy()``, raw pointers) are detected, by hashes,
+    with ``verify="bytes"``. ``"reads"``: refuse instead (``StateMutationError`` naming
     the tensor), checked by version counters: one weak reference and one integer per
     tensor read, no write watch. ``"saved"``: check only the tensors the forward
     saved for backward (what eager autograd checks); with ``use_reentrant=True``,
