@@ -134,15 +134,21 @@ def test_offload_wrapper_around_checkpoint_wrapper():
     assert_bitwise(b_r, b_e)
 
 
-def test_declared_input_changed_before_backward_under_an_outer_hook_is_eager():
-    """An argument that is declared state and changed before backward: the re-run sees
-    its forward bytes also when an outer hook packed it (no SavedTensor version check)."""
+def _product_and_eager_grad():
+    """``w`` (requires grad), ``a``, and eager's gradient of ``sin(a * w).sum()`` in w."""
     torch.manual_seed(0)
     w = torch.randn(4, requires_grad=True)
     a = torch.randn(4)
     (a * w).sin().sum().backward()
     eager = w.grad.clone()
     w.grad = None
+    return w, a, eager
+
+
+def test_declared_input_changed_before_backward_under_an_outer_hook_is_eager():
+    """An argument that is declared state and changed before backward: the re-run sees
+    its forward bytes also when an outer hook packed it (no SavedTensor version check)."""
+    w, a, eager = _product_and_eager_grad()
     with save_on_cpu(pin_memory=True):
         y = tr.checkpoint(lambda a, w: (a * w).sin(), a, w, use_reentrant=False, state=[a])
     a.add_(1.0)
@@ -155,12 +161,7 @@ def test_declared_input_changed_before_backward_under_an_outer_hook_is_eager():
 def test_undeclared_input_changed_before_backward_is_eager_under_preserve(outer_hook):
     """detect="preserve" (the default): an argument changed before backward, with or
     without an outer hook packing it, gives eager's gradient without state=."""
-    torch.manual_seed(0)
-    w = torch.randn(4, requires_grad=True)
-    a = torch.randn(4)
-    (a * w).sin().sum().backward()
-    eager = w.grad.clone()
-    w.grad = None
+    w, a, eager = _product_and_eager_grad()
     with save_on_cpu(pin_memory=True) if outer_hook else contextlib.nullcontext():
         y = tr.checkpoint(lambda a, w: (a * w).sin(), a, w, use_reentrant=False)
     a.add_(1.0)

@@ -135,19 +135,26 @@ void RegionJournal::unpin(int64_t seq) {
 void RegionJournal::coverage_after_unpin_locked() {
   const int64_t newest = *pins_.rbegin();
   covered_since_newest_pin_.clear();
-  std::deque<Entry> kept;
-  for (auto& e : entries_) {
-    if (e.seq >= newest) {
-      RangeSet& covered = covered_since_newest_pin_[e.key];
-      if (e.ranges.subtract(covered).empty()) {
-        bytes_ -= e.old_bytes->nbytes();
-        continue;
-      }
-      covered.add(e.ranges);
+  // Entries are in sequence order: only the tail since N is looked at, and
+  // compacted in place.
+  auto first = std::partition_point(
+      entries_.begin(), entries_.end(), [newest](const Entry& e) {
+        return e.seq < newest;
+      });
+  auto out = first;
+  for (auto e = first; e != entries_.end(); ++e) {
+    RangeSet& covered = covered_since_newest_pin_[e->key];
+    if (e->ranges.subtract(covered).empty()) {
+      bytes_ -= e->old_bytes->nbytes();
+      continue;
     }
-    kept.push_back(std::move(e));
+    covered.add(e->ranges);
+    if (out != e) {
+      *out = std::move(*e);
+    }
+    ++out;
   }
-  entries_.swap(kept);
+  entries_.erase(out, entries_.end());
 }
 
 bool RegionJournal::recording() const {

@@ -33,6 +33,16 @@ Memory counting_memory() {
   return m;
 }
 
+// Memory with random bytes in both storages.
+Memory random_memory(std::mt19937& rng) {
+  Memory m;
+  for (auto& x : m.a)
+    x = static_cast<uint8_t>(rng());
+  for (auto& x : m.b)
+    x = static_cast<uint8_t>(rng());
+  return m;
+}
+
 struct Write {
   StorageKey key;
   RangeSet ranges;
@@ -68,11 +78,7 @@ TEST(RegionJournalTest, UndoRedoRoundTripsOnRandomWriteSequences) {
   std::mt19937 rng(42);
   for (int trial = 0; trial < 300; ++trial) {
     RegionJournal journal;
-    Memory m;
-    for (auto& x : m.a)
-      x = static_cast<uint8_t>(rng());
-    for (auto& x : m.b)
-      x = static_cast<uint8_t>(rng());
+    Memory m = random_memory(rng);
     std::vector<int64_t> pins;
     std::vector<Memory> versions;
     int segments = 1 + trial % 6;
@@ -190,11 +196,7 @@ TEST(RegionJournalTest, UndoToLivePinsUnderRandomUnpinOrder) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 300; ++trial) {
     RegionJournal journal;
-    Memory m;
-    for (auto& x : m.a)
-      x = static_cast<uint8_t>(rng());
-    for (auto& x : m.b)
-      x = static_cast<uint8_t>(rng());
+    Memory m = random_memory(rng);
     std::vector<std::pair<int64_t, Memory>> live;  // pin, bytes at the pin
     for (int step = 0; step < 24; ++step) {
       const int what = static_cast<int>(rng() % 3);
