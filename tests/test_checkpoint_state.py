@@ -10,6 +10,8 @@ segments, generators, typed aliases, batch-norm statistics; what each engine kee
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 import torch.nn as nn
@@ -428,6 +430,7 @@ def test_readme_usage_keeps_no_copy_of_parameters(reentrant):
     torch.manual_seed(0)
     blocks = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.Tanh()) for _ in range(4)])
     x = torch.randn(8, 64, requires_grad=True)
+    gc.collect()  # transactions an earlier test left in reference cycles go now, not mid-test
     base = tr.engine_bytes()
     h = x
     for b in blocks:
