@@ -20,6 +20,14 @@ llama:      a Llama-style Hugging Face model (4 layers, hidden 256, sequence 256
             ``detect="preserve"``.
 small-op:   64 segments of a 6-operator block on 32x32, ``use_reentrant`` False and True.
 segment:    64 one-operator segments (the fixed cost of a segment).
+fit:        64 segments of k = 1, 4 and 16 operators (``torch.sin`` on 4 floats, which
+            saves its input, so that the backward re-runs every segment),
+            ``use_reentrant`` False and True, for torch's checkpoint, torch_replay at the
+            default level and under ``detect="reads"``, and torch's under the observer's
+            and the watch's do-nothing callbacks (the floors): a line through each step
+            time against k splits it into a fixed cost per segment (the intercept) and a
+            cost per operator of the segment (the slope: its forward, re-run and
+            backward). Not in the default groups.
 floors:     the small-op and segment chains (``use_reentrant=False``) under the other ways
             to see operators, beside the observer's floor: a RecordFunction callback given
             no arguments, one given inputs only, and a boxed dispatcher fallback on a mode
@@ -363,6 +371,60 @@ def segment_steps(reentrant: bool, floors: dict | None = None) -> dict:
     return chain_steps(lambda h: h * 2, torch.randn(4, requires_grad=True), reentrant, floors)
 
 
+FIT_OPS = (1, 4, 16)
+# The fit group's variants: name -> the chain_steps row it runs (under detect="reads"
+# if the name says so).
+FIT_ROWS = {
+    "torch": "torch",
+    "torch + the floor's switch, nothing registered": FLOOR_SWITCH,
+    "torch + observer floor": FLOOR,
+    "torch + observer and watch floor": FLOOR_WATCH,
+    "torch_replay": "torch_replay",
+    'torch_replay, detect="reads"': "torch_replay",
+}
+
+
+def fit_steps(reentrant: bool, x: torch.Tensor | None = None) -> dict:
+    """The fit group's chains (the FIT_ROWS variants, for each k of FIT_OPS) through 64
+    segments of k operators, all in the same rounds, on ``x`` (4 random floats)."""
+    x = torch.randn(4, requires_grad=True) if x is None else x
+
+    def block(k):
+        def run(h):
+            for _ in range(k):
+                h = torch.sin(h)
+            return h
+
+        return run
+
+    out = {}
+    for k in FIT_OPS:
+        rows = chain_steps(block(k), x, reentrant)
+        for variant, row in FIT_ROWS.items():
+            step = rows[row]
+            out[f"{variant}, k={k}"] = (
+                _settings(detect="reads")(step) if "reads" in variant else step
+            )
+    return out
+
+
+def fit_lines(res: dict, segments: int = 64) -> dict:
+    """Per variant of a fit group's ``_rounds`` result: the least-squares line of its
+    CPU step time (its median ratio times torch's k=1 median) over k, as microseconds
+    per segment (intercept) and per operator of a segment (slope)."""
+    cpu = res["cpu"]
+    out = {}
+    for variant in FIT_ROWS:
+        xs = list(FIT_OPS)
+        ys = [1e6 * cpu[f"{variant}, k={k}"] * cpu["base_s"] / segments for k in xs]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys, strict=True)) / sum(
+            (a - mx) ** 2 for a in xs
+        )
+        out[variant] = {"per_segment_us": my - slope * mx, "per_op_us": slope}
+    return out
+
+
 def other_floors() -> dict:
     """The "floors" group's extra rows: name -> switch (Note [Other observation
     floors])."""
@@ -410,7 +472,7 @@ def kept_bytes(seq: int) -> dict[str, int]:
 
 
 GROUPS = ("gpt", "llama", "small-op", "segment")
-ALL_GROUPS = (*GROUPS, "floors")  # ("floors" only when named)
+ALL_GROUPS = (*GROUPS, "floors", "fit")  # ("floors" and "fit" only when named)
 
 
 def child(rounds: int, seq: int, groups: tuple[str, ...] = GROUPS) -> dict:
@@ -429,6 +491,11 @@ def child(rounds: int, seq: int, groups: tuple[str, ...] = GROUPS) -> dict:
         extra = other_floors()
         res["floors: small-op, use_reentrant=False"] = _rounds(small_op_steps(False, extra), rounds)
         res["floors: segment, use_reentrant=False"] = _rounds(segment_steps(False, extra), rounds)
+    if "fit" in groups:
+        for reentrant in (False, True):
+            fit = _rounds(fit_steps(reentrant), rounds)
+            fit["fit"] = fit_lines(fit)
+            res[f"fit, use_reentrant={reentrant}"] = fit
     res["kept"] = kept_bytes(seq)
     res["heap"] = tr.heap_setting()
     return res
@@ -479,11 +546,34 @@ def markdown(runs: list[dict], command: str, rounds: int) -> str:
                 f"| {c['gc_full']:.0f} |"
             )
         lines.append("")
+        if "fit" in runs[0][group]:
+            lines += _fit_table([r[group]["fit"] for r in runs])
     lines += ["## Bytes the engines keep from forward to backward", "", "| case | bytes |"]
     lines.append("| --- | --- |")
     for case, b in runs[0]["kept"].items():
         lines.append(f"| {case} | {b:,} |")
     return "\n".join(lines) + "\n"
+
+
+def _fit_table(fits: list[dict]) -> list[str]:
+    """The fit group's lines: per variant, the median over processes of its fixed cost
+    per segment and cost per operator, and their ratios to torch's in each process."""
+    lines = [
+        "Lines through the step time against k (ratios above are to torch's k=1 step): "
+        "the fixed cost of a segment and the cost of each of its operators, in CPU "
+        "microseconds, the median over processes; beside each, the median over "
+        "processes of its ratio to torch's in the same process.",
+        "",
+        "| variant | per segment, us | ratio to torch | per operator, us | ratio to torch |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for v in fits[0]:
+        cells = []
+        for key in ("per_segment_us", "per_op_us"):
+            cells.append(f"{statistics.median(f[v][key] for f in fits):.2f}")
+            cells.append(f"{statistics.median(f[v][key] / f['torch'][key] for f in fits):.3f}")
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -152,3 +152,46 @@ def test_other_floors_change_no_gradient_and_the_fallback_sees_every_operator():
         ext.fallback(False)
     assert ext.fallback_calls() - before == expected > 0
     assert torch.equal(y, torch.tanh(x * 2 + 1).sum(dim=1))
+
+
+def test_fit_lines_recover_a_line_the_test_chose():
+    """The fit group's lines: step times made exactly linear in k (a fixed cost per
+    segment the test chose, plus one per operator), given as the ratios ``_rounds``
+    reports, come back as those two costs, each variant on its own line."""
+    from benchmarks import bench_replay_speed as brs
+
+    base_s = 64 * (90e-6 + 1 * 20e-6)  # torch's k=1 step: the ratios' denominator
+    chosen = {v: (90e-6 + 5e-6 * i, 20e-6 + 2e-6 * i) for i, v in enumerate(brs.FIT_ROWS)}
+    cpu = {"base_s": base_s}
+    for v, (fixed, per_op) in chosen.items():
+        for k in brs.FIT_OPS:
+            cpu[f"{v}, k={k}"] = 64 * (fixed + k * per_op) / base_s
+    lines = brs.fit_lines({"cpu": cpu})
+    assert set(lines) == set(chosen)
+    for v, (fixed, per_op) in chosen.items():
+        assert lines[v]["per_segment_us"] == pytest.approx(1e6 * fixed, rel=1e-9)
+        assert lines[v]["per_op_us"] == pytest.approx(1e6 * per_op, rel=1e-9)
+
+
+def test_fit_chains_rerun_every_segment_and_match_eager():
+    """The fit group's chains re-run every segment in the backward (torch.sin saves its
+    input): the profiler counts twice the forward's sin operators, for torch's
+    checkpoint and torch_replay's alike, and each gives eager's gradient."""
+    from benchmarks import bench_replay_speed as brs
+
+    x = torch.randn(4, requires_grad=True)
+    k = brs.FIT_OPS[1]
+    eager = x.detach().clone().requires_grad_()
+    h = eager
+    for _ in range(64 * k):
+        h = torch.sin(h)
+    h.sum().backward()
+    for reentrant in (False, True):
+        steps = brs.fit_steps(reentrant, x)
+        for variant in brs.FIT_ROWS:
+            x.grad = None
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+                steps[f"{variant}, k={k}"]()
+            sins = sum(e.name == "aten::sin" for e in p.events())
+            assert sins == 2 * 64 * k, (variant, reentrant)
+            torch.testing.assert_close(x.grad, eager.grad, rtol=0, atol=0)
