@@ -372,15 +372,15 @@ def segment_steps(reentrant: bool, floors: dict | None = None) -> dict:
 
 
 FIT_OPS = (1, 4, 16)
-# The fit group's variants: name -> the chain_steps row it runs (under detect="reads"
-# if the name says so).
+# The fit group's variants: name -> (the chain_steps row it runs, the tr.config
+# settings it runs under).
 FIT_ROWS = {
-    "torch": "torch",
-    "torch + the floor's switch, nothing registered": FLOOR_SWITCH,
-    "torch + observer floor": FLOOR,
-    "torch + observer and watch floor": FLOOR_WATCH,
-    "torch_replay": "torch_replay",
-    'torch_replay, detect="reads"': "torch_replay",
+    "torch": ("torch", {}),
+    "torch + the floor's switch, nothing registered": (FLOOR_SWITCH, {}),
+    "torch + observer floor": (FLOOR, {}),
+    "torch + observer and watch floor": (FLOOR_WATCH, {}),
+    "torch_replay": ("torch_replay", {}),
+    'torch_replay, detect="reads"': ("torch_replay", {"detect": "reads"}),
 }
 
 
@@ -400,11 +400,8 @@ def fit_steps(reentrant: bool, x: torch.Tensor | None = None) -> dict:
     out = {}
     for k in FIT_OPS:
         rows = chain_steps(block(k), x, reentrant)
-        for variant, row in FIT_ROWS.items():
-            step = rows[row]
-            out[f"{variant}, k={k}"] = (
-                _settings(detect="reads")(step) if "reads" in variant else step
-            )
+        for variant, (row, settings) in FIT_ROWS.items():
+            out[f"{variant}, k={k}"] = _settings(**settings)(rows[row]) if settings else rows[row]
     return out
 
 
@@ -415,13 +412,9 @@ def fit_lines(res: dict, segments: int = 64) -> dict:
     cpu = res["cpu"]
     out = {}
     for variant in FIT_ROWS:
-        xs = list(FIT_OPS)
-        ys = [1e6 * cpu[f"{variant}, k={k}"] * cpu["base_s"] / segments for k in xs]
-        mx, my = statistics.fmean(xs), statistics.fmean(ys)
-        slope = sum((a - mx) * (b - my) for a, b in zip(xs, ys, strict=True)) / sum(
-            (a - mx) ** 2 for a in xs
-        )
-        out[variant] = {"per_segment_us": my - slope * mx, "per_op_us": slope}
+        ys = [1e6 * cpu[f"{variant}, k={k}"] * cpu["base_s"] / segments for k in FIT_OPS]
+        slope, intercept = statistics.linear_regression(FIT_OPS, ys)
+        out[variant] = {"per_segment_us": intercept, "per_op_us": slope}
     return out
 
 
