@@ -9,7 +9,8 @@ samples, one float32 and one bfloat16 where the op has them), a segment reads a
 pre-existing tensor through the operator (or writes it: in-place and ``out=``
 variants) and the tensor is changed in place before backward. Each case runs in eager
 PyTorch (the reference) and under ``torch_replay.checkpoint`` in 8 modes (observer
-``c++`` / ``python`` x ``use_reentrant`` x undeclared / ``state=[state]``); the table
+``c++`` / ``python`` x ``use_reentrant`` x undeclared, at ``tr.config.detect =
+"preserve"`` / ``state=[state]``, at the default level); the table
 counts right, refused (a ``tr.ReplayError``), wrong (silently: a different gradient or
 tensor) and errors (another exception), and the cases whose two observers touched
 different storages. torch.utils.checkpoint runs the same cases as the baseline (its

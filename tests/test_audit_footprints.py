@@ -106,7 +106,7 @@ def _check_against_checkpoint(prog, x):
     assert report.error is None
     torch_grad = _run(prog, x, lambda f, a: tcp.checkpoint(f, a, use_reentrant=False))
     assert torch.equal(torch_grad, eager) == s.torch_checkpoint_exact, s
-    # detect="preserve" (the default) needs no declaration: eager's gradient always.
+    # detect="preserve" needs no declaration: eager's gradient always.
     assert isinstance(preserved, torch.Tensor) and torch.equal(preserved, eager), (s, preserved)
     if s.mutated_after_read or s.written_elsewhere_after_read:
         assert isinstance(theirs, StateMutationError), (s, theirs)

@@ -102,7 +102,7 @@ class _Stack(torch.nn.Module):
 
 @pytest.mark.parametrize("detect", ["preserve", "reads"])
 def test_hidden_buffer_under_compile_declared_is_eager_undeclared_refused(detect, monkeypatch):
-    """At every detect level, "preserve" (the default) included, an undeclared buffer
+    """At every detect level, "preserve" included, an undeclared buffer
     inside a compiled segment is left to autograd, as torch leaves it (Note [Checkpoint
     under torch.compile])."""
     monkeypatch.setattr(tr.config, "detect", detect)

@@ -159,7 +159,7 @@ def test_declared_input_changed_before_backward_under_an_outer_hook_is_eager():
 @pytest.mark.detect("preserve")
 @pytest.mark.parametrize("outer_hook", [False, True])
 def test_undeclared_input_changed_before_backward_is_eager_under_preserve(outer_hook):
-    """detect="preserve" (the default): an argument changed before backward, with or
+    """detect="preserve": an argument changed before backward, with or
     without an outer hook packing it, gives eager's gradient without state=."""
     w, a, eager = _product_and_eager_grad()
     with save_on_cpu(pin_memory=True) if outer_hook else contextlib.nullcontext():

@@ -1,4 +1,4 @@
-"""Graphs kept alive under ``detect="preserve"`` (the default): past their first
+"""Graphs kept alive under ``detect="preserve"``: past their first
 backward (``retain_graph=True``) or never backwarded. What their segments read stays
 preserved for every backward, and the journal keeps one copy of what later steps
 overwrite, not one per step (Note [Region journal]). References: eager PyTorch (the

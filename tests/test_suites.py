@@ -51,8 +51,8 @@ def test_cohort_pattern_at_ci_size(detect, monkeypatch):
     assert s["local view"]["torch-nonreentrant"]["matched"] == 4
     assert s["hidden buffer"]["torch-reentrant"]["wrong"] == 4
     assert s["hidden buffer"]["tr-journal"]["matched"] == 4
-    # Undeclared hidden state: preserved (eager's answer) under "preserve", the
-    # default; refused, never answered wrong, under "reads".
+    # Undeclared hidden state: preserved (eager's answer) under "preserve"; refused,
+    # never answered wrong, under "reads", the default.
     outcome = "matched" if detect == "preserve" else "rejected"
     assert s["hidden buffer"]["tr-auto-nostate"][outcome] == 4
     assert all(v["rejected"] == 2 for v in s["overlapping copy"].values())

@@ -148,14 +148,14 @@ def test_pytest_plugin_entry_point_and_fixture(tmp_path):
             import torch, torch_replay as tr
 
             def test_mine(torch_replay_testing):
-                tr.config.detect = "reads"
+                tr.config.detect = "preserve"
                 torch.manual_seed(0)
                 model = torch.nn.Sequential(tr.checkpoint_wrapper(torch.nn.BatchNorm1d(4)))
                 torch_replay_testing.assert_trains_like_eager(
                     model, torch.randn(3, 4), lambda m, x: m(x).sum())
 
             def test_config_restored():
-                assert tr.config.detect == "preserve"  # the default, put back
+                assert tr.config.detect == "reads"  # the default, put back
             """
         )
     )
@@ -163,7 +163,8 @@ def test_pytest_plugin_entry_point_and_fixture(tmp_path):
         [sys.executable, "-m", "pytest", "-q", "-p", "torch_replay._pytest_plugin", "-p",
          "no:cacheprovider", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,  # a hang guard, not a time box
-        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        env={**{k: v for k, v in os.environ.items() if k != "TORCH_REPLAY_DETECT"},
+             "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     assert "2 passed" in run.stdout

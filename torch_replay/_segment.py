@@ -30,26 +30,28 @@ ENGINES: tuple[str, ...] = engine_names()
 class ReplayConfig:
     """Process-wide settings of ``torch_replay.checkpoint``."""
 
-    detect: str = os.environ.get("TORCH_REPLAY_DETECT", "preserve")
+    detect: str = os.environ.get("TORCH_REPLAY_DETECT", "reads")
     """What happens to undeclared state: a tensor that existed before the segment and
     that it read (parameter, buffer, input, captured tensor), changed in place before
-    backward. ``"preserve"`` (default): preserved, so the re-run sees the forward's
-    values without ``state=``: the segment's reads are journaled copy-on-write, a
-    later in-place write to them (outside segments too) first keeps the old bytes of
-    what it overwrites (as ``engine="journal"`` for declared state), and nothing is
-    copied if nothing is written. While such a segment waits for its backward, every
-    operator of the process pays the write watch. A graph kept alive (past its
-    backward with ``retain_graph=True``, or never backwarded) keeps at most one copy
-    of what its segments read and later steps overwrite, until it is dropped
-    (Note [Region journal] in csrc/core/region_journal.h). Writes that bypass the
-    dispatcher (the memory of ``.numpy()``, raw pointers) are detected, by hashes,
-    with ``verify="bytes"``. ``"reads"``: refuse instead (``StateMutationError`` naming
-    the tensor), checked by version counters: one weak reference and one integer per
-    tensor read, no write watch. ``"saved"``: check only the tensors the forward
-    saved for backward (what eager autograd checks); with ``use_reentrant=True``,
-    whose forward saves nothing, it means ``"reads"``. Inside
-    ``torch.compile`` every level leaves undeclared tensors to autograd's version
-    check, as torch does (Note [Checkpoint under torch.compile] in compiled.py).
+    backward. ``"reads"`` (default): the re-run is refused (``StateMutationError``
+    naming the tensor, never a wrong gradient), checked by version counters: one weak
+    reference and one integer per tensor read, no write watch. ``"preserve"``:
+    preserved instead, so the re-run sees the forward's values without ``state=``:
+    the segment's reads are journaled copy-on-write, a later in-place write to them
+    (outside segments too) first keeps the old bytes of what it overwrites (as
+    ``engine="journal"`` for declared state), and nothing is copied if nothing is
+    written. While such a segment waits for its backward, every operator of the
+    process pays the write watch. A graph kept alive (past its backward with
+    ``retain_graph=True``, or never backwarded) keeps at most one copy of what its
+    segments read and later steps overwrite, until it is dropped (Note [Region
+    journal] in csrc/core/region_journal.h). Writes that bypass the dispatcher (the
+    memory of ``.numpy()``, raw pointers) are detected, by hashes, with
+    ``verify="bytes"``. ``"saved"``: check only the tensors the forward saved for
+    backward (what eager autograd checks); with ``use_reentrant=True``, whose forward
+    saves nothing, it means ``"reads"``. Inside ``torch.compile`` every level leaves
+    undeclared tensors to autograd's version check, as torch does (Note [Checkpoint
+    under torch.compile] in compiled.py). Why ``"reads"`` is the default, with the
+    figures: docs/checkpoint_details.md, "Which level is the default";
     benchmarks/results/replay_speed.md gives the cost of each level."""
 
     verify: str = os.environ.get("TORCH_REPLAY_VERIFY", "dispatcher")

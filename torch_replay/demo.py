@@ -1,7 +1,8 @@
 """The main job: torch.utils.checkpoint returns a wrong gradient on a model whose buffer
 changes between forward and backward; torch_replay.checkpoint returns the right one,
-with nothing declared (``tr.config.detect = "preserve"``, the default) and with the block
-declared (``state=[block]``).
+with the block declared (``state=[block]``) and with nothing declared under
+``tr.config.detect = "preserve"``; with nothing declared at the default level
+(``"reads"``) it refuses, naming the buffer, instead of returning a wrong gradient.
 
     python -m torch_replay.demo
 
@@ -12,6 +13,8 @@ gradient of the forward that ran: it is the reference.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn as nn
@@ -32,6 +35,18 @@ class Block(nn.Module):
         return x + self.fc2(torch.tanh(self.fc1(self.norm(x)) + self.shift))
 
 
+@contextlib.contextmanager
+def detect(level: str):
+    """``tr.config.detect`` set to ``level`` inside, put back after (the demo names the
+    level of each run, whatever ``TORCH_REPLAY_DETECT`` says)."""
+    old = tr.config.detect
+    tr.config.detect = level
+    try:
+        yield
+    finally:
+        tr.config.detect = old
+
+
 def step(method: str) -> list[torch.Tensor]:
     torch.manual_seed(0)
     block = Block()
@@ -40,10 +55,12 @@ def step(method: str) -> list[torch.Tensor]:
         y = block(x)
     elif method == "torch.utils.checkpoint":
         y = tcp.checkpoint(block, x, use_reentrant=False)
-    elif method == "torch_replay.checkpoint":  # nothing declared: preserved by default
-        y = tr.checkpoint(block, x, use_reentrant=False)
-    else:
-        y = tr.checkpoint(block, x, state=[block], use_reentrant=False)
+    elif method == "state=[block]":
+        with detect("reads"):
+            y = tr.checkpoint(block, x, state=[block], use_reentrant=False)
+    else:  # nothing declared: what the segment reads is preserved
+        with detect("preserve"):
+            y = tr.checkpoint(block, x, use_reentrant=False)
     with torch.no_grad():
         block.shift.mul_(0.9).add_(0.3)  # the buffer moves on before backward
     y.pow(2).mean().backward()
@@ -65,41 +82,38 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m torch_replay.demo",
         description=__doc__.split("\n\n    python")[0]
         + "\n\nRuns one training step four ways (eager PyTorch, torch.utils.checkpoint, "
-        "torch_replay.checkpoint with nothing declared and with state=[block]), prints each "
-        "gradient's largest difference to eager, then shows the error torch_replay gives "
-        'when nothing is declared under tr.config.detect = "reads". Takes a few seconds; '
-        "writes nothing. Exit status 0 when the outcome is as expected.",
+        "torch_replay.checkpoint with state=[block] and with nothing declared under "
+        'detect="preserve"), prints each gradient\'s largest difference to eager, then '
+        'shows the error torch_replay gives when nothing is declared at the default level, "reads". '
+        "Takes a few seconds; writes nothing. Exit status 0 when the outcome is as expected.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     ).parse_args(argv)
     ref = step("eager")
     print("gradient difference to eager PyTorch (the forward that actually ran):")
     worst = {}
-    methods = ("torch.utils.checkpoint", "torch_replay.checkpoint", "state=[block]")
+    methods = ("torch.utils.checkpoint", "state=[block]", "preserve")
     labels = {
         "torch.utils.checkpoint": "torch.utils.checkpoint",
-        "torch_replay.checkpoint": "torch_replay.checkpoint (nothing declared)",
         "state=[block]": "torch_replay.checkpoint, state=[block]",
+        "preserve": 'torch_replay.checkpoint, detect="preserve"',
     }
     for method in methods:
         got = step(method)
         worst[method] = max((a - b).abs().max().item() for a, b in zip(got, ref, strict=True))
         print(f"  {labels[method]:42s} max |grad - reference| = {worst[method]:.3e}")
-    old = tr.config.detect
-    tr.config.detect = "reads"  # the level that refuses instead of preserving
     try:
-        torch.manual_seed(0)
-        block = Block()
-        x = torch.randn(32, 64, requires_grad=True)
-        y = tr.checkpoint(block, x, use_reentrant=False)  # the buffer is not declared
-        with torch.no_grad():
-            block.shift.add_(1.0)
-        y.sum().backward()
-        print('detect="reads", nothing declared: no error (unexpected)')
+        with detect("reads"):  # the default: refuse instead of preserving
+            torch.manual_seed(0)
+            block = Block()
+            x = torch.randn(32, 64, requires_grad=True)
+            y = tr.checkpoint(block, x, use_reentrant=False)  # the buffer is not declared
+            with torch.no_grad():
+                block.shift.add_(1.0)
+            y.sum().backward()
+        print('nothing declared, detect="reads" (the default): no error (unexpected)')
         return 1
     except tr.StateMutationError as e:
-        print(f'detect="reads", nothing declared: torch_replay refuses: {e}')
-    finally:
-        tr.config.detect = old
+        print(f'nothing declared, detect="reads" (the default): torch_replay refuses: {e}')
     ok = worst["torch.utils.checkpoint"] > 0.0 and all(worst[m] == 0.0 for m in methods[1:])
     print("OK" if ok else "UNEXPECTED")
     return 0 if ok else 1

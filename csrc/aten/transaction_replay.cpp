@@ -29,8 +29,13 @@ void Transaction::check_unchanged() const {
          << " was modified in place after the forward (version " << w.version
          << " -> " << now
          << "), so the re-run would compute different values. Declare it in "
-            "state= so its forward value is preserved, or do not modify it "
-            "before backward.";
+            "state= so its forward value is preserved";
+      if (!options_.preserve_reads) {
+        // (The refusing levels; "preserve" would have journaled the read.)
+        os << " (or set tr.config.detect = \"preserve\" to preserve every "
+              "undeclared tensor a segment reads)";
+      }
+      os << ", or do not modify it before backward.";
       fail(static_cast<int>(ErrorKind::kStateMutation), os.str(), w.key);
     }
   };

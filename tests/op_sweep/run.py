@@ -5,7 +5,10 @@ For each case the reference is eager PyTorch without checkpoint: the gradient of
 backward (``state`` changed in place between forward and backward, and whatever the
 operator itself wrote). Then ``torch_replay.checkpoint`` runs the same program in every
 mode (observer ``"c++"`` / ``"python"`` x ``use_reentrant`` x undeclared / declared
-``state=``) and each run is classified:
+``state=``) and each run is classified. Undeclared runs are at ``tr.config.detect =
+"preserve"``, the level that answers without ``state=`` (under ``"reads"``, the default,
+every undeclared case whose state changes is a named refusal; declared runs are at the
+default):
 
 * ``right``: eager's gradient and eager's tensors after backward;
 * ``refused``: a ``torch_replay.ReplayError`` (a named refusal);
@@ -176,7 +179,7 @@ def _checkpointed(case: Case, mode: Mode, ref_grad, ref_tensors) -> Run:
     smp = case.make()
     keys = _keys(smp.named)
     x = _x()
-    old = tr.config.observer
+    old = tr.config.observer, tr.config.detect
     touched = None
     try:
         torch.manual_seed(SEED)
@@ -184,6 +187,7 @@ def _checkpointed(case: Case, mode: Mode, ref_grad, ref_tensors) -> Run:
             y = tcp.checkpoint(smp.call, x, use_reentrant=mode.reentrant)
         else:
             tr.config.observer = mode.observer
+            tr.config.detect = "reads" if mode.declared else "preserve"
             kw = {"state": smp.declared} if mode.declared else {}
             y = tr.checkpoint(smp.call, x, use_reentrant=mode.reentrant, **kw)
             txn = tr.last_transaction()
@@ -196,7 +200,7 @@ def _checkpointed(case: Case, mode: Mode, ref_grad, ref_tensors) -> Run:
     except Exception as exc:  # noqa: BLE001 (any other class is a failure to report)
         return Run(mode=mode, result="error", detail=_message(exc), touched=touched)
     finally:
-        tr.config.observer = old
+        tr.config.observer, tr.config.detect = old
     if x.grad is None or not _same(x.grad, ref_grad):
         got = None if x.grad is None else x.grad.item()
         return Run(
