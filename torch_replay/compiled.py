@@ -32,10 +32,10 @@ What the replay contract becomes there:
   operation" error, raised inside the compiled backward, where no torch_replay
   class can be substituted): never silently wrong, as in eager (writes through
   ``.data`` or ``set_`` bypass version counters there too: declare such state).
-  This holds at every ``tr.config.detect`` level, ``"preserve"`` (the default)
-  included: preserving a read copy-on-write needs the eager write watch, which a
-  compiled graph does not run, and the alternative, a whole copy of every
-  module buffer per step, costs 1.116x on the ResNet row of
+  This holds at every ``tr.config.detect`` level, ``"preserve"`` included:
+  preserving a read copy-on-write needs the eager write watch, which a compiled
+  graph does not run, and the alternative, a whole copy of every module buffer
+  per step, costs 1.116x on the ResNet row of
   benchmarks/results/compile_checkpoint.md. So a compiled segment is torch's
   (same graph, same refusal) unless its state is declared.
 * Random numbers: with ``torch._functorch.config.activation_memory_budget`` < 1
