@@ -98,9 +98,8 @@ def markdown(s: Sweep) -> str:
         f"read cases whose gradient the state change moves: {sensitive} of {kinds['read']}; "
         f"samples skipped: {len(s.skipped)}",
         "",
-        'Undeclared modes run at `tr.config.detect = "preserve"` (under `"reads"`, the default, '
-        "each undeclared case whose state changes is a named refusal); declared modes at the "
-        "default.",
+        'Undeclared modes run at `tr.config.detect = "preserve"`; declared modes at the default '
+        'level (`"reads"`).',
         "",
         "| mode | cases | right | refused | wrong | errors | storages differ (c++ vs python) |",
         "|---|---|---|---|---|---|---|",
