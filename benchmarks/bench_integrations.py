@@ -51,13 +51,8 @@ def _model(variant: str):
 
 
 def _step(model, variant: str, ids: torch.Tensor) -> None:
-    detect = tr.config.detect
-    if variant == "preserve":
-        tr.config.detect = "preserve"
-    try:
+    with tr.config.patch(detect="preserve" if variant == "preserve" else tr.config.detect):
         model(input_ids=ids, labels=ids).loss.backward()
-    finally:
-        tr.config.detect = detect
     model.zero_grad(set_to_none=True)
 
 

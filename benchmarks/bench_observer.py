@@ -77,26 +77,16 @@ def _paired(steps: dict, reps: int, base: str = "torch") -> tuple[dict, dict]:
 
 def _with_config(fn, **settings):
     def run():
-        old = {k: getattr(tr.config, k) for k in settings}
-        for k, v in settings.items():
-            setattr(tr.config, k, v)
-        try:
+        with tr.config.patch(**settings):
             fn()
-        finally:
-            for k, v in old.items():
-                setattr(tr.config, k, v)
 
     return run
 
 
 def _with_observer(observer: str, fn):
     def run():
-        old = tr.config.observer
-        tr.config.observer = observer
-        try:
+        with tr.config.patch(observer=observer):
             fn()
-        finally:
-            tr.config.observer = old
 
     return run
 
@@ -255,10 +245,7 @@ def bench_kept(blocks: int = 4, width: int = 2048) -> list[dict]:
     x = torch.randn(8, width, requires_grad=True)
     rows = []
     for engine in ("snapshot", "readset", "auto", "preserve"):
-        old = tr.config.detect
-        if engine == "preserve":
-            tr.config.detect = "preserve"
-        try:
+        with tr.config.patch(detect="preserve" if engine == "preserve" else tr.config.detect):
             base = tr.engine_bytes()
             h = x
             for blk in model:
@@ -268,8 +255,6 @@ def bench_kept(blocks: int = 4, width: int = 2048) -> list[dict]:
                     h = tr.checkpoint(blk, h, use_reentrant=False, state=[blk], engine=engine)
             kept = tr.engine_bytes() - base
             h.sum().backward()
-        finally:
-            tr.config.detect = old
         rows.append({"engine": engine, "kept_bytes": kept, "parameter_bytes": params})
     return rows
 

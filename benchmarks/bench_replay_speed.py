@@ -51,7 +51,6 @@ and garbage-collection time, which an instruction count does not see.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import os
@@ -155,25 +154,12 @@ def _torch_rows(torch_step, floor_step) -> dict:
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
-@contextlib.contextmanager
-def _config(**settings):
-    """``tr.config`` settings for the block, put back after it."""
-    old = {k: getattr(tr.config, k) for k in settings}
-    for k, v in settings.items():
-        setattr(tr.config, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            setattr(tr.config, k, v)
-
-
 def _settings(**settings):
-    """A step wrapper that runs under ``tr.config`` settings (see _config)."""
+    """A step wrapper that runs under ``tr.config`` settings."""
 
     def wrap(step):
         def run():
-            with _config(**settings):
+            with tr.config.patch(**settings):
                 step()
 
         return run
@@ -444,7 +430,7 @@ def kept_bytes(seq: int) -> dict[str, int]:
     for how in ("declared", "preserve"):
         head = MoCoHead()
         x = torch.randn(8, 16, requires_grad=True)
-        with _config(detect="preserve" if how == "preserve" else tr.config.detect):
+        with tr.config.patch(detect="preserve" if how == "preserve" else tr.config.detect):
             state = [head.queue] if how == "declared" else None
             y = tr.checkpoint(head, x, use_reentrant=False, state=state)
             head.enqueue(torch.randn(8, 16))
@@ -454,7 +440,7 @@ def kept_bytes(seq: int) -> dict[str, int]:
     model.train()
     hf_turn_on(model, "tr", replay_state=None)
     ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
-    with _config(detect="preserve"):
+    with tr.config.patch(detect="preserve"):
         loss = model(input_ids=ids, labels=ids).loss
         out['llama, detect="preserve"'] = tr.engine_bytes()
         loss.backward()

@@ -45,11 +45,8 @@ def run(calls: int, reps: int) -> list[dict]:
             times: dict[str, list[float]] = {k: [] for k in methods}
             for rep in range(reps + 1):  # the first is a warm-up
                 for name, ckpt in methods.items():
-                    tr.config.observe = observe
-                    try:
+                    with tr.config.patch(observe=observe):
                         t = one_rep(module, data, ckpt, reentrant)
-                    finally:
-                        tr.config.observe = True
                     if rep:
                         times[name].append(t)
             med = {k: statistics.median(v) for k, v in times.items()}

@@ -46,12 +46,8 @@ def _detect_level(request):
         return
     import torch_replay as tr
 
-    old = tr.config.detect
-    tr.config.detect = marker.args[0]
-    try:
+    with tr.config.patch(detect=marker.args[0]):
         yield
-    finally:
-        tr.config.detect = old
 
 
 @pytest.fixture
@@ -90,7 +86,5 @@ def observer(request):
     reference, the TorchDispatchMode of torch_replay/_observe.py."""
     import torch_replay as tr
 
-    old = tr.config.observer
-    tr.config.observer = request.param
-    yield request.param
-    tr.config.observer = old
+    with tr.config.patch(observer=request.param):
+        yield request.param

@@ -89,14 +89,10 @@ def _check_against_checkpoint(prog, x):
 
     report = audit(prog, x.detach().requires_grad_(), segments=["seg"], probe_engines=False)
     s = report["seg"]
-    old = tr.config.detect
-    try:
-        tr.config.detect = "reads"  # the refusing level, which the verdict is about
+    with tr.config.patch(detect="reads"):  # the refusing level, which the verdict is about
         theirs = _run(prog, x, lambda f, a: tr.checkpoint(f, a, use_reentrant=False))
-        tr.config.detect = "preserve"
+    with tr.config.patch(detect="preserve"):
         preserved = _run(prog, x, lambda f, a: tr.checkpoint(f, a, use_reentrant=False))
-    finally:
-        tr.config.detect = old
     if s.overlapping_writes:
         assert isinstance(theirs, OverlapError), (s, theirs)
         assert isinstance(preserved, OverlapError), (s, preserved)

@@ -135,10 +135,8 @@ def _run(how, mode, reentrant=False, declare=False, engine=None):
 
 @pytest.fixture
 def preserve():
-    old = tr.config.detect
-    tr.config.detect = "preserve"
-    yield
-    tr.config.detect = old
+    with tr.config.patch(detect="preserve"):
+        yield
 
 
 @pytest.mark.parametrize("reentrant", REENTRANT)
@@ -267,17 +265,13 @@ def test_undeclared_state_a_mode_writes_after_the_segment_read_it(detect):
     tanh's dispatch, in the forward and in the re-run. The write is the segment's own
     write of pre-existing state, kept for the re-run: eager's gradient and state (no
     second update left behind); without the mode in backward the re-run is refused."""
-    old = tr.config.detect
-    tr.config.detect = detect
-    try:
+    with tr.config.patch(detect=detect):
         ref, blk_ref = _mode_program("eager", True)
         ours, blk = _mode_program("ours", True, "auto", declare=False)
         assert_bitwise(ours, ref)
         assert storage_bytes(blk.shift) == storage_bytes(blk_ref.shift)
         with pytest.raises(tr.StateMutationError, match="shift"):
             _mode_program("ours", False, "auto", declare=False)
-    finally:
-        tr.config.detect = old
 
 
 def test_torch_checkpoint_is_wrong_on_the_undeclared_mode_write():

@@ -19,9 +19,7 @@ from .reference import (
 
 
 def test_replay_drawing_a_different_amount_raises_rng_mismatch():
-    old = tr.config.detect
-    tr.config.detect = "saved"  # let the hidden counter through to the RNG check
-    try:
+    with tr.config.patch(detect="saved"):  # let the hidden counter through to the RNG check
         n = torch.tensor([3])
         g = torch.Generator().manual_seed(0)
         x = torch.randn(3, requires_grad=True)
@@ -36,14 +34,10 @@ def test_replay_drawing_a_different_amount_raises_rng_mismatch():
         with pytest.raises(tr.RngMismatchError, match="position"):
             y.sum().backward()
         assert bytes(g.get_state().numpy()) == gen_before
-    finally:
-        tr.config.detect = old
 
 
 def test_replay_reaching_another_end_state_raises():
-    old = tr.config.detect
-    tr.config.detect = "saved"
-    try:
+    with tr.config.patch(detect="saved"):
         c = torch.tensor([2.0])  # hidden, read only
         out_buf = torch.zeros(3)
         x = torch.randn(3, requires_grad=True)
@@ -55,8 +49,6 @@ def test_replay_reaching_another_end_state_raises():
         y = tr.checkpoint(seg, x, state=[out_buf], use_reentrant=False)
         c.fill_(9.0)
         assert_refused_leaving(y, out_buf, "end state")
-    finally:
-        tr.config.detect = old
 
 
 # ------------------------------------------------------------------- bad input

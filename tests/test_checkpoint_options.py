@@ -89,9 +89,7 @@ def test_without_observer_declared_state_uses_the_snapshot():
     torch.manual_seed(0)
     m = ShiftBlock()
     x = torch.randn(4, 8, requires_grad=True)
-    ref = None
-    tr.config.observe = False
-    try:
+    with tr.config.patch(observe=False):
         with pytest.raises(ValueError, match="observer"):
             tr.checkpoint(m, x, state=[m], engine="readset", use_reentrant=False)
         y = tr.checkpoint(m, x, state=[m], use_reentrant=False)
@@ -99,8 +97,6 @@ def test_without_observer_declared_state_uses_the_snapshot():
         m.shift.mul_(2.0)
         y.sum().backward()
         ref = x.grad.clone()
-    finally:
-        tr.config.observe = True
     m.shift.div_(2.0)
     x.grad = None
     m(x).sum().backward()

@@ -91,15 +91,11 @@ def test_saved_level_detects_saved_tensor_mutation():
     # y = x * w saves w; eager autograd raises on w.add_(); torch's checkpoint does not.
     w = torch.randn(5)
     x = torch.randn(5, requires_grad=True)
-    old = tr.config.detect
-    tr.config.detect = "saved"
-    try:
+    with tr.config.patch(detect="saved"):
         y = tr.checkpoint(lambda a: a * w, x, use_reentrant=False)
         w.add_(1)
         with pytest.raises(tr.StateMutationError, match="saved for backward"):
             y.sum().backward()
-    finally:
-        tr.config.detect = old
 
 
 class Queue(nn.Module):

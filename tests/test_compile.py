@@ -227,9 +227,7 @@ def test_compiled_batchnorm_block_inside_checkpoint_updates_statistics_once():
 def test_observe_off_compiled_caller_custom_block():
     """Reported crash: observe=False, a compiled caller and a custom block raised
     CheckpointError (recomputed metadata) at backward."""
-    old = tr.config.observe
-    tr.config.observe = False
-    try:
+    with tr.config.patch(observe=False):
         torch._dynamo.reset()
         model, x = _make("transformer", tr.checkpoint, False)
         x.requires_grad_(True)
@@ -238,8 +236,6 @@ def test_observe_off_compiled_caller_custom_block():
         x2.requires_grad_(True)
         ref(x2).backward()
         torch.testing.assert_close(x.grad, x2.grad)
-    finally:
-        tr.config.observe = old
 
 
 def test_torch_replay_backend_compiles_checkpointed_model():

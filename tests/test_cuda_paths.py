@@ -153,9 +153,7 @@ def test_default_device_generator_dropout(device, reentrant):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_rng_mismatch_is_detected_on_device(device):
-    old = tr.config.detect
-    tr.config.detect = "saved"  # let the hidden counter through to the RNG check
-    try:
+    with tr.config.patch(detect="saved"):  # let the hidden counter through to the RNG check
         n = torch.tensor([3])
         g = torch.Generator(device=device).manual_seed(0)
         x = torch.randn(3, device=device, requires_grad=True)
@@ -170,8 +168,6 @@ def test_rng_mismatch_is_detected_on_device(device):
         with pytest.raises(tr.RngMismatchError):
             y.sum().backward()
         assert gen_state(device, g) == before
-    finally:
-        tr.config.detect = old
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -91,16 +91,12 @@ def test_touched_storages_names_what_the_forward_read(observer):
     weight = torch.randn(3, 2, dtype=torch.float64)
     unused = torch.ones(6, dtype=torch.float64)
     x = torch.randn(6, dtype=torch.float64, requires_grad=True)
-    old = tr.config.observer
-    tr.config.observer = observer
-    try:
+    with tr.config.patch(observer=observer):
         y = tr.checkpoint(
             lambda x: x * buf.double() + weight.t().reshape(-1), x, use_reentrant=False
         )
         touched = set(tr.last_transaction().touched_storages)
         del y
-    finally:
-        tr.config.observer = old
     assert C.storage_key(buf) in touched
     assert C.storage_key(weight) in touched
     assert C.storage_key(x) in touched

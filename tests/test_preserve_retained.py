@@ -21,10 +21,8 @@ from .reference import REENTRANT, grads
 @pytest.fixture(autouse=True)
 def preserve():
     gc.collect()  # transactions an earlier test left in reference cycles: their bytes go now
-    old = tr.config.detect
-    tr.config.detect = "preserve"
-    yield
-    tr.config.detect = old
+    with tr.config.patch(detect="preserve"):
+        yield
 
 
 def _blocks():

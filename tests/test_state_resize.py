@@ -99,14 +99,10 @@ def test_declared_state_may_start_empty_and_change_size(observer, module, engine
 
 
 def test_preserve_handles_a_storage_changing_write(observer):
-    old = tr.config.detect
-    tr.config.detect = "preserve"
-    try:
+    with tr.config.patch(detect="preserve"):
         g_e, b_e, g_o, b_o = _eager_and_checkpointed(
             Histogram, lambda m, x: tr.checkpoint(m, x, use_reentrant=False), calls=2
         )
-    finally:
-        tr.config.detect = old
     _assert_same(g_e, g_o)
     _assert_same(b_e, b_o)
 
@@ -237,16 +233,12 @@ def test_preserve_spectral_norm_called_several_times_before_one_backward(observe
     ours = copy.deepcopy(eager)
     batches = [torch.randn(3, 4, requires_grad=(i == 0)) for i in range(calls)]
     sum(eager(b).mean() * (i + 1) for i, b in enumerate(batches)).backward()
-    old = tr.config.detect
-    tr.config.detect = "preserve"
-    try:
+    with tr.config.patch(detect="preserve"):
         loss = sum(
             tr.checkpoint(ours, b, use_reentrant=False).mean() * (i + 1)
             for i, b in enumerate(batches)
         )
         loss.backward()
-    finally:
-        tr.config.detect = old
     for p, q in zip(eager.parameters(), ours.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad)
     for a, b in zip(eager.buffers(), ours.buffers(), strict=True):
@@ -303,15 +295,11 @@ def test_sparse_tensor_changed_through_its_values_is_refused(observer, make, ree
 def test_preserve_keeps_a_sparse_tensor_read(observer):
     a = _csr()
     fn, x, ref = _sparse_mm_with_reference(a)
-    old = tr.config.detect
-    tr.config.detect = "preserve"
-    try:
+    with tr.config.patch(detect="preserve"):
         y = tr.checkpoint(fn, x, use_reentrant=False)
         with torch.no_grad():
             a.values().mul_(2)
         y.sum().backward()
-    finally:
-        tr.config.detect = old
     assert torch.equal(x.grad, ref)
     assert torch.equal(a.values(), torch.tensor([4.0, 2.0, 6.0, 8.0]))
 

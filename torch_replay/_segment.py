@@ -91,11 +91,76 @@ class ReplayConfig:
     checks). Turning it off makes a segment with ``state=None`` behave like
     ``torch.utils.checkpoint`` plus the saved-tensor check."""
 
+    def patch(self, **changes: Any) -> contextlib.AbstractContextManager[ReplayConfig]:
+        """These settings for a block, or for each call of a decorated function, put back
+        as they were when it ends, however it ends (as ``torch._dynamo.config.patch``)::
+
+            with tr.config.patch(detect="preserve"):
+                loss = model(x).sum()  # its segments preserve what they read
+            loss.backward()
+
+        A segment keeps the settings its forward ran with until its backward, so the
+        backward may run outside the block. The settings are process-wide, as
+        ``tr.config`` is: another thread checkpointing meanwhile runs with them too.
+
+        Args:
+            **changes: setting names (the attributes above) and their values. Every one
+                is checked before any is set.
+
+        Returns:
+            A context manager, also usable as a decorator.
+
+        Raises:
+            AttributeError: a name that is not a setting.
+            ValueError: a value the setting does not take (the valid ones are named).
+        """
+        for name, value in changes.items():
+            _check_setting(name, value)
+        return _patched(self, changes)
+
 
 config = ReplayConfig()
 _DETECT_LEVELS = ("saved", "reads", "preserve")
 _VERIFY_LEVELS = ("dispatcher", "bytes")
+_OBSERVERS = ("c++", "python")
 _HEAP_SETTINGS = ("steady", "system")
+# The values each setting takes (``observe``: a bool).
+_CHOICES: dict[str, tuple[Any, ...]] = {
+    "detect": _DETECT_LEVELS,
+    "verify": _VERIFY_LEVELS,
+    "observer": _OBSERVERS,
+    "heap": _HEAP_SETTINGS,
+    "observe": (True, False),
+}
+
+
+def bad_setting(name: str, value: Any) -> ValueError:
+    """The error for a value ``config.<name>`` does not take."""
+    return ValueError(f"torch_replay.config.{name} must be one of {_CHOICES[name]}, got {value!r}")
+
+
+def _check_setting(name: str, value: Any) -> None:
+    if name not in _CHOICES:
+        raise AttributeError(
+            f"torch_replay.config has no setting {name!r}; its settings are {tuple(_CHOICES)}"
+        )
+    # (``is``, not ``in``, for observe: 1 == True, but a setting is a bool.)
+    if not any(value is c or (type(value) is type(c) and value == c) for c in _CHOICES[name]):
+        raise bad_setting(name, value)
+
+
+@contextlib.contextmanager
+def _patched(cfg: ReplayConfig, changes: dict[str, Any]):
+    old = {name: getattr(cfg, name) for name in changes}
+    try:
+        for name, value in changes.items():
+            setattr(cfg, name, value)
+        yield cfg
+    finally:
+        for name, value in old.items():
+            setattr(cfg, name, value)
+
+
 _heap_set = False
 _last_txn: weakref.ReferenceType | None = None
 
@@ -109,7 +174,7 @@ def steady_heap() -> None:
             require_extension().steady_heap()
             _heap_set = True
     elif heap != "system":
-        raise ValueError(f"torch_replay.config.heap must be one of {_HEAP_SETTINGS}, got {heap!r}")
+        raise bad_setting("heap", heap)
 
 
 def heap_setting() -> str:

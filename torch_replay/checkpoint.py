@@ -24,6 +24,7 @@ from ._nonreentrant import _checkpoint_nonreentrant, _metadata_fn
 from ._reentrant import _checkpoint_reentrant
 from ._segment import (  # noqa: F401  (the public names live on here)
     _DETECT_LEVELS,
+    _OBSERVERS,
     _USE_REENTRANT_WARNING,
     _USE_REENTRANT_WARNING_SEQUENTIAL,
     _VERIFY_LEVELS,
@@ -33,6 +34,7 @@ from ._segment import (  # noqa: F401  (the public names live on here)
     _module_of,
     _named_errors,
     _new_transaction,
+    bad_setting,
     collect_transactions,
     config,
     engine_bytes,
@@ -208,17 +210,11 @@ def checkpoint(
     else:
         metadata_fn = _metadata_fn(determinism_check)
     if config.detect not in _DETECT_LEVELS:
-        raise ValueError(
-            f"torch_replay.config.detect must be one of {_DETECT_LEVELS}, got {config.detect!r}"
-        )
+        raise bad_setting("detect", config.detect)
     if config.verify not in _VERIFY_LEVELS:
-        raise ValueError(
-            f"torch_replay.config.verify must be one of {_VERIFY_LEVELS}, got {config.verify!r}"
-        )
-    if config.observer not in ("c++", "python"):
-        raise ValueError(
-            f"torch_replay.config.observer must be one of ('c++', 'python'), got {config.observer!r}"
-        )
+        raise bad_setting("verify", config.verify)
+    if config.observer not in _OBSERVERS:
+        raise bad_setting("observer", config.observer)
     steady_heap()  # Note [Steady heap]
     _fsdp.install()  # FSDP2's unshard/reshard is not the segment's (Note [FSDP traffic])
     if not torch.is_grad_enabled():

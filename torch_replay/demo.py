@@ -14,8 +14,6 @@ gradient of the forward that ran: it is the reference.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn as nn
 import torch.utils.checkpoint as tcp
@@ -35,18 +33,6 @@ class Block(nn.Module):
         return x + self.fc2(torch.tanh(self.fc1(self.norm(x)) + self.shift))
 
 
-@contextlib.contextmanager
-def detect(level: str):
-    """``tr.config.detect`` set to ``level`` inside, put back after (the demo names the
-    level of each run, whatever ``TORCH_REPLAY_DETECT`` says)."""
-    old = tr.config.detect
-    tr.config.detect = level
-    try:
-        yield
-    finally:
-        tr.config.detect = old
-
-
 def step(method: str) -> list[torch.Tensor]:
     torch.manual_seed(0)
     block = Block()
@@ -56,10 +42,10 @@ def step(method: str) -> list[torch.Tensor]:
     elif method == "torch.utils.checkpoint":
         y = tcp.checkpoint(block, x, use_reentrant=False)
     elif method == "state=[block]":
-        with detect("reads"):
+        with tr.config.patch(detect="reads"):
             y = tr.checkpoint(block, x, state=[block], use_reentrant=False)
     else:  # nothing declared: what the segment reads is preserved
-        with detect("preserve"):
+        with tr.config.patch(detect="preserve"):
             y = tr.checkpoint(block, x, use_reentrant=False)
     with torch.no_grad():
         block.shift.mul_(0.9).add_(0.3)  # the buffer moves on before backward
@@ -102,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         worst[method] = max((a - b).abs().max().item() for a, b in zip(got, ref, strict=True))
         print(f"  {labels[method]:42s} max |grad - reference| = {worst[method]:.3e}")
     try:
-        with detect("reads"):  # the default: refuse instead of preserving
+        with tr.config.patch(detect="reads"):  # the default: refuse instead of preserving
             torch.manual_seed(0)
             block = Block()
             x = torch.randn(32, 64, requires_grad=True)

@@ -179,17 +179,17 @@ def _checkpointed(case: Case, mode: Mode, ref_grad, ref_tensors) -> Run:
     smp = case.make()
     keys = _keys(smp.named)
     x = _x()
-    old = tr.config.observer, tr.config.detect
     touched = None
     try:
         torch.manual_seed(SEED)
         if mode.observer == "torch":
             y = tcp.checkpoint(smp.call, x, use_reentrant=mode.reentrant)
         else:
-            tr.config.observer = mode.observer
-            tr.config.detect = "reads" if mode.declared else "preserve"
+            level = "reads" if mode.declared else "preserve"
             kw = {"state": smp.declared} if mode.declared else {}
-            y = tr.checkpoint(smp.call, x, use_reentrant=mode.reentrant, **kw)
+            # (A segment keeps its forward's settings until its backward.)
+            with tr.config.patch(observer=mode.observer, detect=level):
+                y = tr.checkpoint(smp.call, x, use_reentrant=mode.reentrant, **kw)
             txn = tr.last_transaction()
             if txn is not None:
                 touched = frozenset(keys[k] for k in txn.touched_storages if k in keys)
@@ -199,8 +199,6 @@ def _checkpointed(case: Case, mode: Mode, ref_grad, ref_tensors) -> Run:
         return Run(mode=mode, result="refused", detail=_message(exc), touched=touched)
     except Exception as exc:  # noqa: BLE001 (any other class is a failure to report)
         return Run(mode=mode, result="error", detail=_message(exc), touched=touched)
-    finally:
-        tr.config.observer, tr.config.detect = old
     if x.grad is None or not _same(x.grad, ref_grad):
         got = None if x.grad is None else x.grad.item()
         return Run(
