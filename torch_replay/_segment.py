@@ -102,6 +102,7 @@ class ReplayConfig:
         A segment keeps the settings its forward ran with until its backward, so the
         backward may run outside the block. The settings are process-wide, as
         ``tr.config`` is: another thread checkpointing meanwhile runs with them too.
+        (``heap`` acts once, at the process's first checkpoint call.)
 
         Args:
             **changes: setting names (the attributes above) and their values. Every one
