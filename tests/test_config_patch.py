@@ -12,8 +12,10 @@ import dataclasses
 import threading
 
 import pytest
+import torch
 
 import torch_replay as tr
+from torch_replay._ext import require_extension
 
 from .reference import REENTRANT, assert_bitwise
 from .test_default_level import _grads
@@ -130,3 +132,40 @@ def test_settings_are_process_wide():
         t.start()
         t.join()
     assert seen == ["preserve"]
+
+
+def _observing() -> str:
+    """Which observer the running code is under, asked of torch and the extension."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    from torch_replay._observe import DispatchModeObserver
+
+    if any(isinstance(m, DispatchModeObserver) for m in _get_current_dispatch_mode_stack()):
+        return "python"
+    return "c++" if require_extension().observer_depth() > 0 else "none"
+
+
+@pytest.mark.parametrize("reentrant", REENTRANT)
+@pytest.mark.parametrize(
+    "forward, backward, expect",
+    [
+        ({"observer": "python"}, {"observer": "c++"}, "python"),
+        ({"observe": False}, {"observe": True}, "none"),
+        ({"observer": "c++"}, {"observer": "python"}, "c++"),
+        ({"observe": True}, {"observe": False}, "c++"),
+    ],
+)
+def test_the_rerun_runs_under_the_observer_of_its_forward(forward, backward, expect, reentrant):
+    seen = []
+
+    def seg(x):
+        seen.append(_observing())
+        return torch.sin(x) * 2
+
+    x = torch.randn(4, requires_grad=True)
+    with tr.config.patch(**forward):
+        y = tr.checkpoint(seg, x, use_reentrant=reentrant)
+    with tr.config.patch(**backward):
+        y.sum().backward()
+    assert seen == [expect, expect]  # the forward, then the re-run
+    torch.testing.assert_close(x.grad, 2 * torch.cos(x))

@@ -26,7 +26,7 @@ from ._segment import (
     _leaves,
     _metadata,
     _named_errors,
-    _observer,
+    _observer_of_segment,
     _rng_devices,
 )
 from .errors import ReplayError, UnsupportedReplayError
@@ -380,12 +380,13 @@ def _checkpoint_nonreentrant(
     autocast = _autocast_state(device_type)
     device_ctx = _device_context()
     gate = new_gate()
+    observer = _observer_of_segment()
 
     def run(inputs, t, g=gate):
         # The observer sits below the user's modes (context_fn): selective
         # checkpointing's caching modes expect to be the current mode, and the
         # observer should see what really runs.
-        with autocast(), device_ctx, _observer(t, g), recompute_ctx:
+        with autocast(), device_ctx, observer(t, g), recompute_ctx:
             function(*inputs, **kwargs)
 
     frame = _Frame(txn, run, _early_stop(early_stop), metadata_fn, child, gate)
@@ -410,7 +411,7 @@ def _checkpoint_nonreentrant(
     try:
         with (
             torch.autograd.graph.saved_tensors_hooks(frame.pack, unpack),
-            _observer(txn, gate),
+            observer(txn, gate),
             forward_ctx,
         ):
             try:

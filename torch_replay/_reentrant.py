@@ -12,7 +12,13 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ._ext import require_extension
 from ._nonreentrant import _no_unpack
-from ._segment import _autocast_state, _device_type, _named_errors, _observer, _rng_devices
+from ._segment import (
+    _autocast_state,
+    _device_type,
+    _named_errors,
+    _observer_of_segment,
+    _rng_devices,
+)
 
 # ------------------------------------------------------------- reentrant path
 
@@ -29,6 +35,7 @@ class _ReentrantRunner:
         self.txn = txn
         self.rng_devices = _rng_devices(args, preserve)
         self.autocast = _autocast_state(_device_type(args))
+        self.observer = _observer_of_segment()
         self.spec = None
         self.leaves: list[Any] = []
         self.tensor_pos: list[int] = []
@@ -50,7 +57,7 @@ class _ReentrantRunner:
         args = self._args(inputs)
         txn.begin_forward(list(inputs), self.rng_devices)
         try:
-            with _named_errors(self.function, args), _observer(txn):
+            with _named_errors(self.function, args), self.observer(txn):
                 out = self.function(*args)
             txn.end_forward()
         except BaseException:
@@ -83,7 +90,7 @@ class _ReentrantRunner:
         args = self._args(detached)
         with _named_errors(self.function, args):
             txn.begin_replay()
-            with hooks, self.autocast(), _observer(txn):
+            with hooks, self.autocast(), self.observer(txn):
                 out = self.function(*args)
             txn.verify_replay()
         return self._flat(out)[2]

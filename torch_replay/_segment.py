@@ -393,12 +393,20 @@ def _autocast_state(device_type: str):
     return ctx
 
 
-def _observer(txn, gate=None):
+def _unobserved(txn, gate=None):
+    return contextlib.nullcontext()
+
+
+def _observer_of_segment():
+    """The observer (a context manager factory taking the transaction and its gate) that
+    a segment's forward and every re-run of it run under: chosen from ``config`` once,
+    when the segment is called, as every other setting is (a backward run under other
+    settings re-runs the segment as its forward ran)."""
     if not config.observe:
-        return contextlib.nullcontext()
+        return _unobserved
     if config.observer == "python":
-        return DispatchModeObserver(txn, gate)
-    return Observer(txn, gate)
+        return DispatchModeObserver
+    return Observer
 
 
 def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, last=True):
