@@ -72,7 +72,8 @@ class ReplayConfig:
     """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
     (a thread-local RecordFunction callback of the dispatcher, about 1 µs per
     operator) or ``"python"`` (a TorchDispatchMode, about 10 µs per operator; the
-    reference implementation)."""
+    reference implementation). As every setting here but ``heap``, it is read when a
+    segment is called: its re-run in backward runs under the same observer."""
 
     heap: str = os.environ.get("TORCH_REPLAY_HEAP", "steady")
     """glibc's heap under checkpointing (Note [Steady heap] in csrc/core/heap_policy.h).
