@@ -146,8 +146,8 @@ def _check_setting(name: str, value: Any) -> None:
         raise AttributeError(
             f"torch_replay.config has no setting {name!r}; its settings are {tuple(_CHOICES)}"
         )
-    # (``is``, not ``in``, for observe: 1 == True, but a setting is a bool.)
-    if not any(value is c or (type(value) is type(c) and value == c) for c in _CHOICES[name]):
+    # (Types compared too, not ``in``: 1 == True, but observe is a bool.)
+    if not any(type(value) is type(c) and value == c for c in _CHOICES[name]):
         raise bad_setting(name, value)
 
 
