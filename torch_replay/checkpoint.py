@@ -150,10 +150,13 @@ def checkpoint(
             ``"guard"`` (keep nothing, prove by hashes that nothing changed or raise) or
             ``"auto"`` (default: the journal if the segment touches declared state,
             so state it only reads costs nothing unless something writes it before
-            backward; otherwise the guard). The journal and ``auto`` cannot undo a
-            write that bypasses the dispatcher (the memory of ``.numpy()``, a raw
-            pointer): the re-run then raises ``StateMutationError`` saying so;
-            ``"readset"`` and ``"snapshot"`` copy instead and survive such writes.
+            backward; otherwise the guard). The journal, the guard and ``auto`` cannot
+            undo a write that bypasses the dispatcher: one that moves the version
+            counter (a ``torch.compile``'d in-place update) is refused with
+            ``StateMutationError`` saying so, one that does not (the memory of
+            ``.numpy()``, a raw pointer) only under ``tr.config.verify = "bytes"``;
+            ``"readset"`` and ``"snapshot"`` restore their copies at every re-run and
+            survive both (docs/engines.md, "What each engine survives").
 
             If ``function`` itself takes a parameter named ``state`` or ``engine``,
             that keyword goes to ``function`` and torch_replay's option must be spelled

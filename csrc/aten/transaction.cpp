@@ -256,6 +256,33 @@ void Transaction::begin_forward(
   phase_ = Phase::kForward;
 }
 
+void Transaction::record_accounted() {
+  accounted_.clear();
+  const RegionJournal& journal = RegionJournal::global();
+  const EngineKind kind = engine_->kind();
+  if (kind == EngineKind::kJournal || kind == EngineKind::kGuard) {
+    for (const auto& [key, d] : declared_) {
+      if (footprint_.count(key) == 0) {
+        continue;  // not accessed: nothing the re-run reads depends on it
+      }
+      const int64_t shown = journal.writes_shown(key);
+      for (const auto& t : d.tensors) {
+        c10::VariableVersion counter =
+            t.unsafeGetTensorImpl()->version_counter();
+        const int64_t version = counter_version(counter);
+        accounted_.push_back(
+            Accounted{std::move(counter), version, shown, key});
+      }
+    }
+  }
+  for (auto& [key, counter] : preserved_counters_) {
+    accounted_.push_back(
+        Accounted{
+            counter, counter_version(counter), journal.writes_shown(key), key});
+  }
+  preserved_counters_.clear();
+}
+
 void Transaction::track_default_generator(const c10::Device& device) {
   if (device.is_cpu()) {
     generators_.track(
@@ -521,6 +548,8 @@ void Transaction::preserve_read(
     }
     written_external_.insert_or_assign(key, External(t));
     reads_engine_->declare(key, ref);
+    preserved_counters_.emplace_back(
+        key, t.unsafeGetTensorImpl()->version_counter());
   }
   reads_engine_->access(key, ref, fp, Access::kRead);
 }
@@ -705,6 +734,7 @@ void Transaction::end_forward() {
   for (auto& r : reshaped_) {
     r.record_end();
   }
+  record_accounted();
   // B_T where the forward wrote, or everywhere it looked (Note [Verification
   // levels]).
   for (const auto& [key, ranges] :

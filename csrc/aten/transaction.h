@@ -78,7 +78,7 @@
 //     write to a declared or preserved storage journaled its old bytes); the
 //     guard refuses when a write was marked on its exposed reads (Note
 //     [Write marks]; the write watch is on while it waits); the copying
-//     engines restore the copies of storages a write was marked on. The end
+//     engines restore all their copies, however the bytes changed. The end
 //     state B_T is hashed only where the forward wrote, and where the re-run
 //     writes bytes the forward did not, their start bytes (equal to B_T there:
 //     the forward left them) are hashed before the write. Only bytes someone
@@ -341,14 +341,11 @@ class Transaction {
 
   StorageRef resolve(StorageKey key) const;
   Resolver resolver() const;
-  // The guard proves its exposed reads, and the copying engines find what
-  // to restore, by write marks, which the write watch must see (Note
-  // [Verification levels]).
+  // The guard proves its exposed reads by write marks, which the write
+  // watch must see (Note [Verification levels]).
   bool marks_writes() const {
-    return (requested_ == EngineKind::kGuard ||
-            requested_ == EngineKind::kSnapshot ||
-            requested_ == EngineKind::kReadset) &&
-           !options_.verify_bytes && !declared_.empty();
+    return requested_ == EngineKind::kGuard && !options_.verify_bytes &&
+           !declared_.empty();
   }
   // The resolver of the engines' and implicit restores: storages owned by a
   // ReshapeRecord resolve to nothing (Note [Storage-changing writes]).
@@ -433,6 +430,30 @@ class Transaction {
       c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>>
       grad_tainted_;
   bool last_op_tainted_ = false;
+
+  // Note [Unseen writes] (csrc/core/region_journal.h): the tensors of the
+  // journaled and guarded storages the forward accessed, with their version
+  // and the journal's count of writes shown for their storage at the end of
+  // the forward. At the re-run, a version that moved more often than writes
+  // were shown means a write bypassed the dispatcher (a compiled kernel
+  // writing in place): neither the journal's undo nor the guard's marks
+  // account for it, and the re-run is refused (copying engines restore
+  // their copies whatever happened and need no such check).
+  struct Accounted {
+    c10::VariableVersion counter;
+    int64_t version;
+    int64_t shown;
+    StorageKey key;
+  };
+  std::vector<Accounted> accounted_;
+  // A tensor of each preserved storage, from its first read, for the above.
+  std::vector<std::pair<StorageKey, c10::VariableVersion>> preserved_counters_;
+  void record_accounted();
+  void check_accounted() const;
+  // Drops the journal registry's entries that no journal entry, watch or
+  // mark needs any more (they would otherwise accumulate: one per storage a
+  // segment ever preserved or declared).
+  static void prune_journal_registry();
 
   // Note [Preserved reads]: with preserve_reads, the pre-existing storages
   // the segment reads are declared, at their first read, to a second journal

@@ -4,7 +4,10 @@
 #include <ATen/Context.h>
 
 #include <algorithm>
+#include <iterator>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -65,9 +68,51 @@ void Transaction::check_unchanged() const {
   }
 }
 
+void Transaction::check_accounted() const {
+  const RegionJournal& journal = RegionJournal::global();
+  for (const Accounted& a : accounted_) {
+    const int64_t moved = counter_version(a.counter) - a.version;
+    const int64_t shown = journal.writes_shown(a.key) - a.shown;
+    if (moved <= shown) {
+      continue;
+    }
+    const std::string name = name_of(a.key);
+    std::ostringstream os;
+    os << (name.empty() ? std::string("a tensor the checkpointed segment read")
+                        : "declared state '" + name + "'")
+       << " was written after the forward by a write that bypassed the "
+          "dispatcher (its version counter moved "
+       << moved << " time(s), " << shown
+       << " of them by writes torch_replay saw): a torch.compile'd function "
+          "or another kernel writing it in place. ";
+    if (name.empty()) {
+      os << "tr.config.detect='preserve' journals only the writes it sees, so "
+            "its forward value cannot be restored. Declare it in state= "
+            "with engine='readset' or 'snapshot' (they restore their copy "
+            "however the bytes changed), or update it after backward.";
+    } else {
+      os << "engine='" << engine()
+         << "' cannot undo such a write. Use engine='readset' or "
+            "'snapshot' for this segment (they restore their copy however the "
+            "bytes changed), or update it after backward.";
+    }
+    fail(static_cast<int>(ErrorKind::kStateMutation), os.str(), a.key);
+  }
+}
+
+void Transaction::prune_journal_registry() {
+  const std::set<StorageKey> in_use = RegionJournal::global().keys_in_use();
+  auto& reg = journal_registry();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  for (auto it = reg.storages.begin(); it != reg.storages.end();) {
+    it = in_use.count(it->first) ? std::next(it) : reg.storages.erase(it);
+  }
+}
+
 void Transaction::begin_replay() {
   require_phase(phase_ == Phase::kForwardDone, "start the re-run");
   check_unchanged();
+  check_accounted();
   live_.clear();
   replay_internal_.clear();
   replay_versions_.clear();
@@ -324,6 +369,11 @@ void Transaction::release() {
     write_watch_release();
     watching_writes_ = false;
   }
+  if (engine_ || reads_engine_) {
+    prune_journal_registry();
+  }
+  accounted_.clear();
+  preserved_counters_.clear();
   implicit_.clear();
   sparse_reads_.clear();
   live_.clear();

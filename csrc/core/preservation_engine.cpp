@@ -37,34 +37,26 @@ EngineKind parse_engine(const std::string& name) {
 
 namespace {
 
-// The engines that keep copies in one RegionStore and restore them: all of
-// them (Proof::kHashes), or those of storages a write was marked on since
-// they were copied (Proof::kWriteMarks: an unwritten storage still holds its
-// copy's bytes, so neither it nor the live bytes are copied back and forth).
+// The engines that keep copies in one RegionStore and restore them, all of
+// them, at every re-run, under either proof: however the bytes changed since
+// the copy (a dispatcher write, a compiled kernel writing in place, the
+// memory of .numpy()), the re-run starts from the copy. (Restoring only the
+// storages a write was marked on skipped the copy back and forth for
+// unwritten state, but trusted every write to be shown to the journal, which
+// a write that bypasses the dispatcher never is.)
 class CopyingEngine : public PreservationEngine {
  public:
-  CopyingEngine(RegionJournal& journal, Proof proof)
-      : journal_(journal), proof_(proof) {}
-  ~CopyingEngine() override {
-    try {
-      unmark();
-    } catch (...) {
-    }
-  }
+  CopyingEngine() = default;
   std::map<StorageKey, RangeSet> restored_regions() const override {
     std::map<StorageKey, RangeSet> out;
     for (StorageKey key : store_.keys()) {
-      if (written(key)) {
-        out.emplace(key, store_.saved(key));
-      }
+      out.emplace(key, store_.saved(key));
     }
     return out;
   }
   StorageKey restore_start(const Resolver& resolve) override {
     for (StorageKey key : store_.keys()) {
-      if (written(key)) {
-        store_.restore(key, resolve(key));
-      }
+      store_.restore(key, resolve(key));
     }
     return 0;
   }
@@ -76,33 +68,15 @@ class CopyingEngine : public PreservationEngine {
   }
   void release() override {
     store_.clear();
-    unmark();
   }
 
  protected:
-  // Copies `ranges` of `key` (first copy wins), marking the storage first.
+  // Copies `ranges` of `key` (first copy wins).
   void keep(StorageKey key, const StorageRef& ref, const RangeSet& ranges) {
-    if (proof_ == Proof::kWriteMarks && marked_.insert(key).second) {
-      journal_.mark(this, key);
-    }
     store_.save(key, ref, ranges);
   }
 
  private:
-  bool written(StorageKey key) const {
-    return proof_ == Proof::kHashes ||
-           journal_.marked(this, key).overlaps(store_.saved(key));
-  }
-  void unmark() {
-    if (!marked_.empty()) {
-      journal_.unmark(this);
-      marked_.clear();
-    }
-  }
-
-  RegionJournal& journal_;
-  Proof proof_;
-  std::set<StorageKey> marked_;
   RegionStore store_;
 };
 
@@ -333,11 +307,11 @@ std::unique_ptr<PreservationEngine> make_engine(
     case EngineKind::kAuto:
       return std::make_unique<AutoEngine>(journal, proof);
     case EngineKind::kSnapshot:
-      return std::make_unique<SnapshotEngine>(journal, proof);
+      return std::make_unique<SnapshotEngine>();
     case EngineKind::kJournal:
       return std::make_unique<JournalEngine>(journal, proof);
     case EngineKind::kReadset:
-      return std::make_unique<ReadsetEngine>(journal, proof);
+      return std::make_unique<ReadsetEngine>();
     case EngineKind::kGuard:
       return std::make_unique<GuardEngine>(journal, proof);
   }

@@ -69,9 +69,10 @@ EngineKind parse_engine(const std::string& name);
 //                write that nobody showed to the journal;
 //   kWriteMarks  the writes shown to record_if_watched (Note [Write marks]):
 //                the guard refuses if one touched an exposed region, the
-//                journal trusts its undo, the copying engines restore only
-//                the storages written since they copied them. No byte is
-//                hashed.
+//                journal trusts its undo. No byte is hashed.
+// The copying engines (snapshot, readset) prove nothing: they restore every
+// copy at every re-run, under either proof, so they survive writes that
+// nobody showed to the journal.
 enum class Proof { kHashes, kWriteMarks };
 
 enum class Access {

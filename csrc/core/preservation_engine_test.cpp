@@ -228,6 +228,41 @@ TEST(PreservationEngineTest, EnginesByWriteMarksRestoreTheForwardsBytes) {
   }
 }
 
+// A write nobody shows to the journal (a compiled kernel writing in place,
+// the memory of .numpy()): the copying engines still restore their copies,
+// under either proof, and put nothing else back.
+TEST(PreservationEngineTest, CopyingEnginesRestoreWritesTheJournalNeverSaw) {
+  for (EngineKind kind : {EngineKind::kSnapshot, EngineKind::kReadset}) {
+    for (Proof proof : {Proof::kHashes, Proof::kWriteMarks}) {
+      Memory m;
+      for (size_t i = 0; i < m.s[0].size(); ++i) {
+        m.s[0][i] = static_cast<uint8_t>(i);
+      }
+      const std::vector<uint8_t> start = m.s[0];
+      RegionJournal journal;
+      auto e = make_engine(kind, journal, proof);
+      e->declare(1, m.ref(1));
+      RangeSet read;
+      read.add(8, 40);
+      e->access(1, m.ref(1), read, Access::kRead);
+      e->end_forward();
+      for (auto& b : m.s[0]) {
+        b = static_cast<uint8_t>(b ^ 0xff);  // unseen: no record_if_watched
+      }
+      const auto regions = e->restored_regions();
+      ASSERT_EQ(regions.count(1), 1u) << engine_name(kind);
+      EXPECT_EQ(e->restore_start(m.resolver()), 0);
+      for (int64_t i = 8; i < 40; ++i) {
+        EXPECT_EQ(m.s[0][i], start[i]) << engine_name(kind) << " byte " << i;
+      }
+      if (kind == EngineKind::kReadset) {  // only what the segment read
+        EXPECT_EQ(m.s[0][0], static_cast<uint8_t>(start[0] ^ 0xff));
+      }
+      e->release();
+    }
+  }
+}
+
 TEST(PreservationEngineTest, ReadOnlyStateCostsNothingUntilWritten) {
   Memory m;
   RegionJournal journal;

@@ -1,6 +1,5 @@
 #include "core/region_journal.h"
 
-#include <algorithm>
 #include <iterator>
 #include <vector>
 
@@ -53,6 +52,9 @@ void RegionJournal::unwatch(StorageKey key) {
   }
   if (--it->second == 0) {
     watched_.erase(it);
+    if (marks_.count(key) == 0) {
+      writes_shown_.erase(key);
+    }
   }
 }
 
@@ -71,12 +73,16 @@ int64_t RegionJournal::record_if_watched(
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto m = marks_.find(key);
+    const bool journaled = watched_.count(key) > 0;
     if (m != marks_.end()) {
       for (auto& [owner, set] : m->second) {
         set.add(ranges);
       }
     }
-    if (watched_.count(key) == 0) {
+    if (m != marks_.end() || journaled) {
+      ++writes_shown_[key];
+    }
+    if (!journaled) {
       return -1;
     }
   }
@@ -92,8 +98,36 @@ void RegionJournal::unmark(const void* owner) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (auto it = marks_.begin(); it != marks_.end();) {
     it->second.erase(owner);
-    it = it->second.empty() ? marks_.erase(it) : std::next(it);
+    if (it->second.empty()) {
+      if (watched_.count(it->first) == 0) {
+        writes_shown_.erase(it->first);
+      }
+      it = marks_.erase(it);
+    } else {
+      ++it;
+    }
   }
+}
+
+int64_t RegionJournal::writes_shown(StorageKey key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = writes_shown_.find(key);
+  return it == writes_shown_.end() ? 0 : it->second;
+}
+
+std::set<StorageKey> RegionJournal::keys_in_use() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::set<StorageKey> keys;
+  for (const auto& [key, count] : watched_) {
+    keys.insert(key);
+  }
+  for (const auto& [key, owners] : marks_) {
+    keys.insert(key);
+  }
+  for (const Entry& e : entries_) {
+    keys.insert(e.key);
+  }
+  return keys;
 }
 
 RangeSet RegionJournal::marked(const void* owner, StorageKey key) const {

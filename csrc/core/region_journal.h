@@ -95,6 +95,18 @@ class RegionJournal {
   // The ranges of `key` written since `owner` marked it (empty if none).
   RangeSet marked(const void* owner, StorageKey key) const;
 
+  // Note [Unseen writes]
+  // How many writes have been shown to record_if_watched for `key` while it
+  // was watched or marked (0 once it is neither). A caller that also knows
+  // how often the storage's tensors were written by any means (their version
+  // counters) learns from the difference that some write bypassed the
+  // dispatcher (a compiled kernel writing an input in place) and so reached
+  // neither the journal nor a mark set.
+  int64_t writes_shown(StorageKey key) const;
+  // The storages watched, marked or named by an entry of the log: a resolver
+  // must keep finding each (and no other storage under its key).
+  std::set<StorageKey> keys_in_use() const;
+
   // The process-wide journal used by the checkpoint engines.
   static RegionJournal& global();
 
@@ -113,6 +125,7 @@ class RegionJournal {
   std::multiset<int64_t> pins_;
   std::map<StorageKey, int64_t> watched_;
   std::map<StorageKey, std::map<const void*, RangeSet>> marks_;
+  std::map<StorageKey, int64_t> writes_shown_;  // Note [Unseen writes]
   // Per storage, the bytes recorded since the newest pin (see record()).
   std::map<StorageKey, RangeSet> covered_since_newest_pin_;
   int64_t next_seq_ = 0;

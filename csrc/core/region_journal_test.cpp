@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <random>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -261,6 +262,35 @@ TEST(RegionJournalTest, TypedAliasWriteIsUndoneOnStorageBytes) {
   journal.undo_to(p, resolve);
   EXPECT_EQ(std::memcmp(floats.data(), before.data(), 16), 0);
   journal.unpin(p);
+}
+
+// Note [Unseen writes]: writes are counted per storage while it is watched or
+// marked, and forgotten once it is neither; a storage stays in use while an
+// entry of the log names it.
+TEST(RegionJournalTest, CountsShownWritesWhileWatchedOrMarked) {
+  Memory m;
+  RegionJournal j;
+  RangeSet r;
+  r.add(0, 8);
+  j.record_if_watched(1, m.ref(1), r);  // neither: not counted
+  EXPECT_EQ(j.writes_shown(1), 0);
+  j.watch(1);
+  const int64_t pin = j.pin();
+  j.record_if_watched(1, m.ref(1), r);
+  j.record_if_watched(1, m.ref(1), r);  // (same bytes: no entry, still a write)
+  EXPECT_EQ(j.writes_shown(1), 2);
+  int owner = 0;
+  j.mark(&owner, 2);
+  j.record_if_watched(2, m.ref(2), r);
+  EXPECT_EQ(j.writes_shown(2), 1);
+  EXPECT_EQ(j.keys_in_use(), (std::set<StorageKey>{1, 2}));
+  j.unmark(&owner);
+  EXPECT_EQ(j.writes_shown(2), 0);
+  j.unwatch(1);
+  EXPECT_EQ(j.writes_shown(1), 0);
+  EXPECT_EQ(j.keys_in_use(), (std::set<StorageKey>{1}));  // its entry, pinned
+  j.unpin(pin);
+  EXPECT_TRUE(j.keys_in_use().empty());
 }
 
 TEST(RegionStoreTest, FirstSaveWinsOnOverlap) {
