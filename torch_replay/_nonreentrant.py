@@ -29,7 +29,7 @@ from ._segment import (
     _observer_of_segment,
     _rng_devices,
 )
-from .errors import ReplayError, UnsupportedReplayError
+from .errors import ReplayError, RngMismatchError, UnsupportedReplayError
 
 # ---------------------------------------------------------- non-reentrant path
 
@@ -196,6 +196,7 @@ class _Frame:
                     # Re-run from inside the forward, which has saved fewer so far.
                     self.ignore_saved_mismatch = True
                     return x
+                _raise_rng_mismatch(txn)  # the likelier cause, when it is the cause
                 raise _tcp.CheckpointError(
                     "torch.utils.checkpoint: trying to save more tensors during "
                     "recomputation than during the original forward pass.\n" + _DEBUG_TIP
@@ -205,10 +206,12 @@ class _Frame:
                 holder.handles[gid] = _Handle()
                 self.recomputed[gid][holder.handles[gid]] = x
             if early_stop and self.counter[gid] == len(self.weak_holders):
-                # Every saved tensor is recomputed. A stateful segment stops here only
-                # if its end state is already reproduced (Note [Early stop of a
-                # stateful re-run]); otherwise it runs on and is verified at its end.
-                if not (txn is not None and txn.stateful) or _reproduced(txn):
+                # Every saved tensor is recomputed. The re-run stops here only if its
+                # state is already the forward's end state, a segment that touched
+                # nothing included: its re-run may have drawn random numbers the
+                # forward did not (Note [Early stop of a stateful re-run]); otherwise
+                # it runs on and is verified at its end.
+                if txn is None or _reproduced(txn):
                     raise _StopRecompute
             return x
 
@@ -356,6 +359,24 @@ def _device_context():
 # draws a dropout mask after the last saved tensor), the re-run goes on to the end and
 # is verified there, as before. The gradient is the same either way; the proof is
 # checked at both points by the same verify_replay.
+# A segment that touched no state and drew nothing in its forward is proved the same
+# way: its re-run may still draw (a Dropout in eval mode during the forward, in train
+# mode at backward), and then saved tensors of the same shapes come from other
+# operators. Stopping unverified gave a silently wrong gradient; verified, the re-run
+# goes on and ends in RngMismatchError (tests/test_rng_paths.py).
+
+
+def _raise_rng_mismatch(txn) -> None:
+    """Raises the re-run's RngMismatchError if a generator has already left the
+    forward's path (a re-run that draws where the forward did not saves other tensors)."""
+    if txn is None:
+        return
+    try:
+        txn.verify_replay()
+    except RngMismatchError:
+        raise
+    except ReplayError:
+        pass
 
 
 def _reproduced(txn) -> bool:

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "aten/tensor_bytes.h"
 #include "aten/transaction.h"
 #include "core/status.h"
 
@@ -49,6 +50,7 @@ OpInfo make_info(const at::RecordFunction& fn) {
     view |= alias != nullptr && !alias->isWrite();
     info.writes.push_back(write && !metadata_only);
     info.may_write |= write && !metadata_only;
+    info.metadata_write |= write && metadata_only;
     bool returned = false;
     for (const auto& ret : schema->returns()) {
       const c10::AliasInfo* r = ret.alias_info();
@@ -412,6 +414,7 @@ __attribute__((noinline)) void show_outputs(
 
 void journal_writes(
     ThreadState& s, const at::RecordFunction& fn, const OpInfo& info);
+void count_metadata_write(ThreadState& s, const at::RecordFunction& fn);
 
 std::unique_ptr<at::ObserverContext> on_watch_start(
     const at::RecordFunction& fn) {
@@ -424,10 +427,27 @@ std::unique_ptr<at::ObserverContext> on_watch_start(
   const OpInfo& info = info_of(s, fn);
   // (Nested operators are looked at too: Note [Write watch].)
   if (!info.op || info.skip || !info.may_write) {
+    if (info.metadata_write) {
+      count_metadata_write(s, fn);
+    }
     return nullptr;  // (Note [Write watch]: what is left unwatched)
   }
   journal_writes(s, fn, info);
   return nullptr;
+}
+
+// A write of argument 0's metadata outside segments (resize_, set_, t_):
+// nothing to journal, but its version counter moves (out of line: rare).
+__attribute__((noinline)) void count_metadata_write(
+    ThreadState& s, const at::RecordFunction& fn) {
+  CallbackGuard guard(s);
+  const auto inputs = fn.inputs();
+  if (!inputs.empty() && inputs[0].isTensor()) {
+    const at::Tensor& t = inputs[0].toTensor();
+    if (detail::declarable(t)) {
+      RegionJournal::global().count_write(storage_key(t));
+    }
+  }
 }
 
 // The part of on_watch_start that journals a writing operator's writes (out

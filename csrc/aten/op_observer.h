@@ -142,6 +142,10 @@ struct OpInfo {
   // Some argument may be written (a declared write, or batch norm's running
   // statistics): the write watch looks at no other operator's arguments.
   bool may_write = false;
+  // Argument 0 is written in its metadata or identity only (resize_, set_,
+  // t_, detach_): no bytes to journal, but its version counter moves, so the
+  // write watch counts it (Note [Unseen writes] in core/region_journal.h).
+  bool metadata_write = false;
   // Some argument is a Generator (an explicit generator may be passed).
   bool takes_generator = false;
   // Per schema argument: the operator returns it (its alias set is a

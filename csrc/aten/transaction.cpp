@@ -20,6 +20,9 @@ using namespace detail;  // NOLINT(google-build-using-namespace)
 
 void journal_write_outside_segments(const at::Tensor& t) {
   if (!observable(t)) {
+    if (declarable(t)) {  // no bytes yet, but its version moves: counted
+      RegionJournal::global().count_write(storage_key(t));
+    }
     return;
   }
   const StorageKey key = storage_key(t);
@@ -28,6 +31,34 @@ void journal_write_outside_segments(const at::Tensor& t) {
     journal.record_if_watched(key, ref_of(t.storage()), footprint_of(t));
   }
 }
+
+namespace {
+
+// What a tensor is, for an error that refuses it: "a meta tensor", "a
+// nested tensor", "a quantized tensor", "a sparse_csr tensor", ...
+std::string kind_of_tensor(const at::Tensor& t) {
+  if (!t.defined()) {
+    return "an undefined tensor";
+  }
+  if (t.is_meta()) {
+    return "a meta tensor (shapes only, no bytes)";
+  }
+  if (t.is_nested()) {
+    return "a nested tensor";
+  }
+  if (t.is_quantized()) {
+    return "a quantized tensor";
+  }
+  if (t.layout() != at::kStrided) {
+    return "a " + c10::str(t.layout()) + " tensor";
+  }
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+    return "a wrapped Python number";
+  }
+  return "a tensor without storage (" + c10::str(t.device()) + ")";
+}
+
+}  // namespace
 
 StorageKey storage_key(const at::Tensor& t) {
   return reinterpret_cast<StorageKey>(t.storage().unsafeGetStorageImpl());
@@ -49,8 +80,8 @@ Transaction::Transaction(
     if (!declarable(t)) {
       throw ReplayException(
           ErrorKind::kUnsupported,
-          "state entry '" + tensor_names[i] + "' is a " + c10::str(t.layout()) +
-              " tensor: torch_replay preserves strided tensors (their "
+          "state entry '" + tensor_names[i] + "' is " + kind_of_tensor(t) +
+              ": torch_replay preserves strided tensors with storage (their "
               "storage's bytes). Declare its strided parts instead (for a "
               "sparse tensor: its values and indices), or leave it "
               "undeclared and do not modify it before backward.");
@@ -107,6 +138,9 @@ void Transaction::before_reshape(const at::Tensor& t) {
     return;  // (a re-run's own resize is verified by its end state)
   }
   const StorageKey key = storage_key(t);
+  // No bytes to journal yet, but its version counter moves: counted (Note
+  // [Unseen writes]).
+  RegionJournal::global().count_write(key);
   if (internal_.count(key)) {
     return;  // a storage the segment made
   }
@@ -208,9 +242,18 @@ void Transaction::begin_forward(
     const std::vector<at::Tensor>& inputs,
     const std::vector<c10::Device>& rng_devices) {
   require_phase(phase_ == Phase::kIdle, "start the forward");
+  // At the level that watches only what autograd saves ("saved"), the tensor
+  // arguments are watched too, as torch's checkpoint does: a segment reads
+  // them, and one changed in place before backward would be re-run on other
+  // values. (The other levels watch or preserve every read.)
+  const bool watch_inputs = !options_.watch_reads && !options_.preserve_reads;
   for (const auto& t : inputs) {
     if (observable(t)) {
-      external_.emplace(storage_key(t), t.storage().getWeakStorageImpl());
+      const StorageKey key = storage_key(t);
+      external_.emplace(key, t.storage().getWeakStorageImpl());
+      if (watch_inputs && declared_.count(key) == 0) {
+        reads_of_freed_.push_back(watch(t, key));
+      }
     }
   }
   for (const auto& [key, d] : declared_) {

@@ -422,7 +422,9 @@ class Transaction {
   std::vector<c10::Device> devices_seen_;
   std::vector<Watched> saved_;
   ska::flat_hash_map<c10::TensorImpl*, Watched> reads_;  // by live tensor
-  std::vector<Watched> reads_of_freed_;  // reads by tensors freed since
+  // Reads by tensors freed since, and (at the "saved" level) the segment's
+  // tensor arguments.
+  std::vector<Watched> reads_of_freed_;
   // Tensors made (in the forward) from values that require grad, which
   // grad mode cannot show when the forward runs under no_grad (reentrant).
   ska::flat_hash_map<
@@ -473,6 +475,13 @@ class Transaction {
   FootprintHashes end_hashes_;  // B_T of touched regions
 
   // Replay bookkeeping.
+  // Note [Generators after a failed re-run]: with preserve_rng_state=False the
+  // default generators are not tracked, and a re-run draws from them where
+  // they are, leaving them advanced, as torch's re-run does. After a re-run
+  // that failed (not verified), they are put back where backward found
+  // them, so that an error leaves every generator as it was.
+  std::vector<std::pair<at::Generator, at::Tensor>> untracked_live_;
+  bool replay_verified_ = false;
   RegionStore live_;
   StorageMap replay_internal_;
   std::vector<std::pair<

@@ -145,6 +145,25 @@ void Transaction::begin_replay() {
     }
   }
   generators_.save_live();
+  untracked_live_.clear();
+  replay_verified_ = false;
+  if (!options_
+           .preserve_rng_state) {  // Note [Generators after a failed re-run]
+    std::vector<c10::Device> devices = devices_seen_;
+    devices.emplace_back(c10::kCPU);
+    for (const auto& device : devices) {
+      at::Generator gen = device.is_cpu()
+                              ? at::detail::getDefaultCPUGenerator()
+                              : at::globalContext().defaultGenerator(device);
+      const bool seen = std::any_of(
+          untracked_live_.begin(), untracked_live_.end(), [&](const auto& e) {
+            return e.first == gen;
+          });
+      if (!seen && !generators_.tracks(gen)) {
+        untracked_live_.emplace_back(gen, generator_state(gen));
+      }
+    }
+  }
   replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
   // 2. Put B0 back, proving it where the engine kept only hashes.
   try {
@@ -330,6 +349,7 @@ void Transaction::verify_replay() {
             "diverge. Declare the state that decides how much it draws.",
         0);
   }
+  replay_verified_ = true;
 }
 
 void Transaction::finish_replay() {
@@ -341,6 +361,12 @@ void Transaction::finish_replay() {
     it->finish_replay();
   }
   generators_.restore_live();
+  if (!replay_verified_) {  // Note [Generators after a failed re-run]
+    for (const auto& [gen, state] : untracked_live_) {
+      set_generator_state(gen, state);
+    }
+  }
+  untracked_live_.clear();
   for (auto it = replay_versions_.rbegin(); it != replay_versions_.rend();
        ++it) {
     if (auto strong = it->first.lock()) {

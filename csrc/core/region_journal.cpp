@@ -109,6 +109,13 @@ void RegionJournal::unmark(const void* owner) {
   }
 }
 
+void RegionJournal::count_write(StorageKey key) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (watched_.count(key) > 0 || marks_.count(key) > 0) {
+    ++writes_shown_[key];
+  }
+}
+
 int64_t RegionJournal::writes_shown(StorageKey key) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = writes_shown_.find(key);

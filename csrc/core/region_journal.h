@@ -103,6 +103,9 @@ class RegionJournal {
   // dispatcher (a compiled kernel writing an input in place) and so reached
   // neither the journal nor a mark set.
   int64_t writes_shown(StorageKey key) const;
+  // Counts a write shown without bytes to record (a resize_ of a storage
+  // that has none yet), if `key` is watched or marked.
+  void count_write(StorageKey key);
   // The storages watched, marked or named by an entry of the log: a resolver
   // must keep finding each (and no other storage under its key).
   std::set<StorageKey> keys_in_use() const;
