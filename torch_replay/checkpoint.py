@@ -21,6 +21,7 @@ import torch.utils.checkpoint as _tcp
 
 from . import fsdp as _fsdp
 from ._drop_in import DROP_IN, Checkpointed
+from ._ext import require_extension
 from ._naming import _accepts_keyword
 from ._nonreentrant import _checkpoint_nonreentrant, _metadata_fn
 from ._reentrant import _checkpoint_reentrant
@@ -186,6 +187,8 @@ def checkpoint(
     """
     if function is None and not args:
         return _decorator(kwargs, use_reentrant, context_fn, determinism_check, debug, early_stop)
+    if not ENGINES:  # the extension is unavailable: say why (Note [Extension loading])
+        require_extension()
     options = DROP_IN.pop_options(kwargs)
     preserve = options["preserve_rng_state"]
     hooks = options.get("respect_saved_tensors_hooks")
