@@ -1,6 +1,12 @@
 """The pytest plugin of torch_replay (entry point ``pytest11`` in ``pyproject.toml``):
 the ``torch_replay_testing`` fixture gives a test :mod:`torch_replay.testing` and puts
-``torch_replay.config`` back as it was afterwards."""
+``torch_replay.config`` back as it was afterwards.
+
+pytest loads every installed plugin in every run of the environment, so this module
+sits outside the ``torch_replay`` package (whose import loads torch and the extension)
+and imports it only when a test asks for the fixture: a run that does not use it pays
+nothing (hypothesis keeps its plugin, ``_hypothesis_pytestplugin``, outside its package
+for the same reason)."""
 
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ def torch_replay_testing() -> Iterator[ModuleType]:
     Yields:
         The module.
     """
-    from . import config, testing
+    from torch_replay import config, testing
 
     saved = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
     try:

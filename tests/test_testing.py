@@ -140,7 +140,7 @@ class _WrongGrad(torch.autograd.Function):
 def test_pytest_plugin_entry_point_and_fixture(tmp_path):
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["pytest11"] == {
-        "torch_replay": "torch_replay._pytest_plugin"
+        "torch_replay": "_torch_replay_pytestplugin"
     }
     (tmp_path / "test_user.py").write_text(
         textwrap.dedent(
@@ -160,7 +160,7 @@ def test_pytest_plugin_entry_point_and_fixture(tmp_path):
         )
     )
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "torch_replay._pytest_plugin", "-p",
+        [sys.executable, "-m", "pytest", "-q", "-p", "_torch_replay_pytestplugin", "-p",
          "no:cacheprovider", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=900,  # a hang guard, not a time box
         env={**{k: v for k, v in os.environ.items() if k != "TORCH_REPLAY_DETECT"},
