@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from tests.inductor_support import ROOT, subprocess_env
+from tests.installed import ROOT, subprocess_env
 
 
 def _declared_entry_points(group: str) -> dict[str, str]:
