@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,8 @@ import torch.nn as nn
 
 import inductor_pass
 from inductor_pass.stages.guard import counting_window
+
+from .installed import subprocess_env
 
 __all__ = [
     "Branchy",
@@ -32,8 +33,6 @@ __all__ = [
     "subprocess_env",
 ]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 @contextlib.contextmanager
 def pass_config(**changes: Any) -> Iterator[inductor_pass.PassConfig]:
@@ -43,14 +42,6 @@ def pass_config(**changes: Any) -> Iterator[inductor_pass.PassConfig]:
         yield inductor_pass.get_config()
     finally:
         inductor_pass.set_config(old)
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """The environment of a test's Python subprocess: this checkout first on the path."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
 
 
 class SegmentNet(nn.Module):

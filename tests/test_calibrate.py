@@ -12,6 +12,8 @@ import pytest
 import torch_replay as tr
 from torch_replay import calibrate as cal
 
+from .installed import subprocess_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -244,7 +246,8 @@ def test_cli_isolated(tmp_path):
         ],
         capture_output=True,
         text=True,
-        cwd=ROOT,
+        cwd=tmp_path,
+        env=subprocess_env(),
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(out.read_text())

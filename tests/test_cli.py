@@ -13,7 +13,7 @@ from torch_replay import audit as audit_mod  # noqa: F401  (the package, as the 
 from torch_replay import demo, suites
 from torch_replay.audit import main as audit_main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .installed import subprocess_env
 
 
 def test_demo_help_prints_help_and_does_not_run(capsys):
@@ -55,14 +55,14 @@ def test_audit_cli_imports_from_cwd_and_from_a_file(tmp_path, monkeypatch, capsy
 
 
 @pytest.mark.parametrize("module", ["torch_replay.audit", "torch_replay.calibrate"])
-def test_no_runpy_warning(module):
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def test_no_runpy_warning(module, tmp_path):
+    env = subprocess_env()
     proc = subprocess.run(
         [sys.executable, "-W", "error::RuntimeWarning", "-m", module, "--help"],
         capture_output=True,
         text=True,
         env=env,
-        cwd=ROOT,
+        cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
     assert "RuntimeWarning" not in proc.stderr

@@ -10,9 +10,9 @@ job) must give its expected outcome whatever ``TORCH_REPLAY_DETECT`` says.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -21,15 +21,17 @@ import torch.nn as nn
 import torch_replay as tr
 from torch_replay import demo
 
+from .installed import subprocess_env
 from .reference import REENTRANT, assert_bitwise
 
-_ENV = {k: v for k, v in os.environ.items() if k != "TORCH_REPLAY_DETECT"}
+_ENV = {k: v for k, v in subprocess_env().items() if k != "TORCH_REPLAY_DETECT"}
 
 
 def _level_in_fresh_process(**env) -> str:
     run = subprocess.run(
         [sys.executable, "-c", "import torch_replay as tr; print(tr.config.detect)"],
         env={**_ENV, **env},
+        cwd=tempfile.gettempdir(),  # not the checkout: the tested package is imported
         capture_output=True,
         text=True,
         timeout=600,  # a hang guard, not a time box

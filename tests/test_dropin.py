@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import inspect
 import logging
 import warnings
@@ -36,6 +37,205 @@ def _params(fn):
 def test_signatures_equal_torch():
     assert _params(tr.checkpoint) == _params(tcp.checkpoint)
     assert _params(tr.checkpoint_sequential) == _params(tcp.checkpoint_sequential)
+
+
+# torch 2.14.1's checkpoint signature, as torch/utils/checkpoint.py of that wheel spells it
+# (the drop-in reads the installed torch's; these tests give it 2.14's on any torch).
+def _torch_2_14_checkpoint(
+    function=None,
+    *args,
+    use_reentrant: bool | None = None,
+    preserve_rng_state: bool = True,
+    context_fn=tcp.noop_context_fn,
+    determinism_check: str = "default",
+    debug: bool = False,
+    early_stop: bool = True,
+    respect_saved_tensors_hooks: bool | None = None,
+    **kwargs,
+): ...
+
+
+_TORCH_2_14_REENTRANT_ERROR = (
+    "Passing `context_fn`, `debug`, or `respect_saved_tensors_hooks` "
+    "is only supported when use_reentrant=False."
+)
+
+
+@pytest.fixture
+def torch_2_14(monkeypatch):
+    """tr.checkpoint following torch 2.14.1's signature (Note [Drop-in signature])."""
+    from torch_replay import _drop_in
+
+    checkpoint_module = importlib.import_module("torch_replay.checkpoint")
+
+    drop_in = _drop_in.drop_in_of(_torch_2_14_checkpoint, "2.14.1")
+    monkeypatch.setattr(checkpoint_module, "DROP_IN", drop_in)
+    return drop_in
+
+
+def _keywords_seen(ckpt, **options):
+    """The keywords the checkpointed function receives from ``ckpt(fn, x, **options)``."""
+    seen = []
+
+    def fn(a, **kw):
+        seen.append(sorted(kw))
+        return a.sin()
+
+    x = torch.randn(3, requires_grad=True)
+    ckpt(fn, x, use_reentrant=False, **options).sum().backward()
+    return seen
+
+
+def test_torchs_keyword_options_never_reach_the_function():
+    """Every keyword option of the installed torch's checkpoint (at its default) is taken
+    by the checkpoint, as torch takes it; the function's own keyword reaches it."""
+    params = inspect.signature(tcp.checkpoint).parameters
+    options = {n: p.default for n, p in params.items() if p.kind is p.KEYWORD_ONLY}
+    options.setdefault("preserve_rng_state", True)
+    del options["use_reentrant"]  # passed by _keywords_seen
+    options["mine"] = 1
+    assert _keywords_seen(tr.checkpoint, **options) == _keywords_seen(tcp.checkpoint, **options)
+    assert _keywords_seen(tr.checkpoint, **options)[0] == ["mine"]
+
+
+def test_signature_and_options_follow_torch_2_14(torch_2_14):
+    assert _params(tr.checkpoint) != _params(_torch_2_14_checkpoint)  # read at import
+    assert list(torch_2_14.signature.parameters.values()) == list(
+        inspect.signature(_torch_2_14_checkpoint).parameters.values()
+    )
+    assert torch_2_14.options == {"preserve_rng_state": True, "respect_saved_tensors_hooks": None}
+    assert torch_2_14.function_optional
+    assert torch_2_14.reentrant_error == _TORCH_2_14_REENTRANT_ERROR
+    seen = _keywords_seen(tr.checkpoint, respect_saved_tensors_hooks=True, mine=1)
+    assert seen == [["mine"], ["mine"]]  # the forward and the re-run
+
+
+def test_respect_saved_tensors_hooks_is_set_on_selective_checkpointing(torch_2_14):
+    """torch 2.14 honours the option by setting it on selective checkpointing's caching
+    mode; torch_replay sets it the same way."""
+    modes = []
+
+    def context_fn():
+        forward, recompute = tcp.create_selective_checkpoint_contexts([torch.ops.aten.mm.default])
+        modes.append(forward)
+        return forward, recompute
+
+    def run(ckpt, **options):
+        torch.manual_seed(0)
+        w = torch.randn(3, 5, requires_grad=True)
+        x = torch.randn(2, 3, requires_grad=True)
+        y = ckpt(lambda a: (a @ w).sin(), x, **options)
+        y.sum().backward()
+        return grads(x, w)
+
+    ours = run(
+        tr.checkpoint, use_reentrant=False, context_fn=context_fn, respect_saved_tensors_hooks=True
+    )
+    assert modes[0].respect_saved_tensors_hooks is True
+    assert_bitwise(ours, run(lambda f, a: f(a)))
+    with pytest.raises(ValueError) as info:
+        run(tr.checkpoint, use_reentrant=True, respect_saved_tensors_hooks=False)
+    assert str(info.value) == _TORCH_2_14_REENTRANT_ERROR
+
+
+def test_decorator_form_of_torch_2_14(torch_2_14):
+    def run(decorate):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        forward = decorate(lambda a: model(a) * 2)
+        x = torch.randn(2, 4, requires_grad=True)
+        forward(x).sum().backward()
+        return grads(x, model[0].weight)
+
+    assert_bitwise(run(tr.checkpoint(use_reentrant=False)), run(lambda f: f))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        @tr.checkpoint(use_reentrant=False, preserve_rng_state=False)
+        def forward(self, a):
+            return self.lin(a).sin()
+
+    torch.manual_seed(0)
+    block = Block()
+    x = torch.randn(2, 4, requires_grad=True)
+    block(x).sum().backward()
+    expected = torch.func.grad(lambda a: block.lin(a).sin().sum())(x)
+    torch.testing.assert_close(x.grad, expected, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="Unexpected keyword arguments: bogus"):
+        tr.checkpoint(use_reentrant=False, bogus=1)
+
+
+def test_decorator_form_absent_where_torch_has_none():
+    if inspect.signature(tcp.checkpoint).parameters["function"].default is None:
+        pytest.skip("the installed torch has the decorator form (torch >= 2.14)")
+    with pytest.raises(TypeError) as ours:
+        tr.checkpoint(use_reentrant=False)
+    with pytest.raises(TypeError) as torchs:
+        tcp.checkpoint(use_reentrant=False)
+    assert str(ours.value) == str(torchs.value)
+
+
+def test_an_option_torch_replay_does_not_implement_is_refused_unless_default(monkeypatch):
+    from torch_replay import _drop_in
+
+    checkpoint_module = importlib.import_module("torch_replay.checkpoint")
+
+    def future(function, *args, use_reentrant=None, new_option: str = "off", **kwargs): ...
+
+    monkeypatch.setattr(checkpoint_module, "DROP_IN", _drop_in.drop_in_of(future, "9.0"))
+    assert _keywords_seen(tr.checkpoint, new_option="off") == [[], []]
+    calls = []
+    with pytest.raises(NotImplementedError, match=r"torch 9.0's checkpoint takes new_option="):
+        tr.checkpoint(calls.append, torch.ones(1), use_reentrant=False, new_option="on")
+    assert calls == []
+
+
+@pytest.mark.skipif(
+    "respect_saved_tensors_hooks" not in inspect.signature(tcp.checkpoint).parameters,
+    reason="the installed torch's checkpoint has no respect_saved_tensors_hooks (< 2.14)",
+)
+@pytest.mark.parametrize("respect", [None, True, False])
+def test_respect_saved_tensors_hooks_like_torch(respect):
+    """What selective checkpointing saves goes through the user's saved_tensors_hooks
+    exactly when torch's does; no FutureWarning where torch gives none."""
+
+    def run(ckpt, hooked):
+        torch.manual_seed(0)
+        w = torch.randn(3, 5, requires_grad=True)
+        x = torch.randn(2, 3, requires_grad=True)
+        packed = []
+
+        def pack(t):
+            packed.append(tuple(t.shape))
+            return t
+
+        hooks = (
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+            if hooked
+            else contextlib.nullcontext()
+        )
+        with hooks, warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            y = ckpt(
+                lambda a: (a @ w).sin(),
+                x,
+                use_reentrant=False,
+                context_fn=functools.partial(
+                    tcp.create_selective_checkpoint_contexts, [torch.ops.aten.mm.default]
+                ),
+                respect_saved_tensors_hooks=respect,
+            )
+        y.sum().backward()
+        future = sorted({str(w.message) for w in caught if w.category is FutureWarning})
+        return grads(x, w), (2, 5) in packed, future
+
+    for hooked in (False, True):
+        ours, theirs = run(tr.checkpoint, hooked), run(tcp.checkpoint, hooked)
+        assert_bitwise(ours[0], theirs[0])
+        assert ours[1:] == theirs[1:]
 
 
 @pytest.mark.parametrize("ours", [tr.checkpoint, tcp.checkpoint], ids=["ours", "torch"])

@@ -14,10 +14,13 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from .installed import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("torch_replay", "inductor_pass")
@@ -297,7 +300,8 @@ def test_every_module_imports_on_its_own(package):
     )
     r = subprocess.run(
         [sys.executable, "-c", script, package, *names],
-        cwd=ROOT,
+        cwd=tempfile.gettempdir(),  # not the checkout: the tested package is imported
+        env=subprocess_env(),
         capture_output=True,
         text=True,
         timeout=900,  # a hang guard, not a time box (a loaded 2-core CI machine)

@@ -5,7 +5,6 @@ updated twice, a buffer moved before backward, an explicit generator drawn twice
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -22,6 +21,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 
 import torch_replay as tr
 from torch_replay.testing import assert_trains_like_eager, gradcheck_segment
+
+from .installed import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -140,7 +141,7 @@ class _WrongGrad(torch.autograd.Function):
 def test_pytest_plugin_entry_point_and_fixture(tmp_path):
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["pytest11"] == {
-        "torch_replay": "torch_replay._pytest_plugin"
+        "torch_replay": "_torch_replay_pytestplugin"
     }
     (tmp_path / "test_user.py").write_text(
         textwrap.dedent(
@@ -160,10 +161,10 @@ def test_pytest_plugin_entry_point_and_fixture(tmp_path):
         )
     )
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "torch_replay._pytest_plugin", "-p",
+        [sys.executable, "-m", "pytest", "-q", "-p", "_torch_replay_pytestplugin", "-p",
          "no:cacheprovider", str(tmp_path)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,  # a hang guard, not a time box
-        env={**{k: v for k, v in os.environ.items() if k != "TORCH_REPLAY_DETECT"},
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,  # a hang guard, not a time box
+        env={**{k: v for k, v in subprocess_env().items() if k != "TORCH_REPLAY_DETECT"},
              "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr

@@ -388,8 +388,37 @@ def _reproduced(txn) -> bool:
     return True
 
 
+# torch 2.14's saved-tensor hooks of checkpoint itself: selective checkpointing looks
+# through them (and only them) for the user's hooks, which its saved tensors then go
+# through (respect_saved_tensors_hooks). Where torch has them, the segment's hooks are
+# marked the same way, so that the user's hooks, not the segment's, are found.
+_TORCH_INTERNAL_HOOKS = getattr(_tcp, "_checkpoint_internal_hook", None)
+
+
+def _internal_hooks(pack, unpack):
+    if _TORCH_INTERNAL_HOOKS is None:
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def internal_pack(x):
+        return pack(x)
+
+    internal_pack._checkpoint_internal = True  # type: ignore[attr-defined]
+    return _TORCH_INTERNAL_HOOKS(internal_pack, unpack)
+
+
 def _checkpoint_nonreentrant(
-    function, args, kwargs, txn, child, preserve, context_fn, metadata_fn, debug, early_stop
+    function,
+    args,
+    kwargs,
+    txn,
+    child,
+    preserve,
+    context_fn,
+    metadata_fn,
+    debug,
+    early_stop,
+    *,
+    respect_saved_tensors_hooks=None,
 ):
     unpack_error_cb = None
     if _debug(debug):
@@ -398,6 +427,10 @@ def _checkpoint_nonreentrant(
         context_fn, unpack_error_cb = _tcp._get_debug_context_and_cb()
     device_type = _device_type(args)
     forward_ctx, recompute_ctx = context_fn()
+    if isinstance(forward_ctx, _tcp._CachingTorchDispatchMode):
+        # Whether selective checkpointing's saved tensors go through the user's
+        # saved_tensors_hooks (torch 2.14's option, set on its mode as torch sets it).
+        forward_ctx.respect_saved_tensors_hooks = respect_saved_tensors_hooks
     autocast = _autocast_state(device_type)
     device_ctx = _device_context()
     gate = new_gate()
@@ -431,7 +464,7 @@ def _checkpoint_nonreentrant(
     suppressed = False
     try:
         with (
-            torch.autograd.graph.saved_tensors_hooks(frame.pack, unpack),
+            _internal_hooks(frame.pack, unpack),
             observer(txn, gate),
             forward_ctx,
         ):

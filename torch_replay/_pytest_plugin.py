@@ -1,32 +1,9 @@
-"""The pytest plugin of torch_replay (entry point ``pytest11`` in ``pyproject.toml``):
-the ``torch_replay_testing`` fixture gives a test :mod:`torch_replay.testing` and puts
-``torch_replay.config`` back as it was afterwards."""
+"""The pytest plugin's former module (``-p torch_replay._pytest_plugin``), kept for
+command lines that name it; the plugin is ``_torch_replay_pytestplugin``, outside the
+package so that loading it imports no torch (pyproject.toml's ``pytest11`` entry point)."""
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterator
-from types import ModuleType
-
-import pytest
+from _torch_replay_pytestplugin import torch_replay_testing
 
 __all__ = ["torch_replay_testing"]
-
-
-@pytest.fixture
-def torch_replay_testing() -> Iterator[ModuleType]:
-    """:mod:`torch_replay.testing` (``assert_trains_like_eager``,
-    ``gradcheck_segment``, ``without_checkpointing``); ``torch_replay.config`` is
-    restored after the test.
-
-    Yields:
-        The module.
-    """
-    from . import config, testing
-
-    saved = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    try:
-        yield testing
-    finally:
-        for name, value in saved.items():
-            setattr(config, name, value)

@@ -10,6 +10,7 @@ See Note [Replay protocol] in ``csrc/aten/transaction.h`` for the protocol and
 
 from __future__ import annotations
 
+import functools
 import sys
 import warnings
 from collections.abc import Callable
@@ -19,6 +20,8 @@ import torch
 import torch.utils.checkpoint as _tcp
 
 from . import fsdp as _fsdp
+from ._drop_in import DROP_IN, Checkpointed
+from ._ext import require_extension
 from ._naming import _accepts_keyword
 from ._nonreentrant import _checkpoint_nonreentrant, _metadata_fn
 from ._reentrant import _checkpoint_reentrant
@@ -102,7 +105,7 @@ def _replay_options(function, kwargs: dict[str, Any]) -> tuple[Any, str]:
 
 
 def checkpoint(
-    function: Callable,
+    function: Callable | None = None,
     *args: Any,
     use_reentrant: bool | None = None,
     context_fn: Callable[[], tuple[Any, Any]] = _tcp.noop_context_fn,
@@ -115,10 +118,15 @@ def checkpoint(
 
     A drop-in for :func:`torch.utils.checkpoint.checkpoint`: the same signature,
     defaults, warnings and global knobs (Note [Drop-in fidelity]); for a pure segment
-    outputs and gradients are bitwise equal and the same activations are dropped.
+    outputs and gradients are bitwise equal and the same activations are dropped. The
+    signature is the installed torch's, read when the package is imported, and so are the
+    keyword options (Note [Drop-in signature]): a keyword torch's checkpoint takes is
+    never passed on to ``function``.
 
     Args:
-        function: the segment to run now and re-run in backward.
+        function: the segment to run now and re-run in backward. Where the installed
+            torch lets it be omitted (torch 2.14), ``checkpoint(**options)`` returns a
+            decorator whose calls are checkpointed with those options.
         *args: its positional arguments.
         use_reentrant: ``False`` (recommended) runs the segment under saved-tensor
             hooks; ``True`` through the C++ autograd Function (reentrant backward).
@@ -135,7 +143,11 @@ def checkpoint(
         **kwargs: keyword arguments of ``function`` (``use_reentrant=False`` only),
             ``preserve_rng_state`` (default ``True``: stash and restore the default
             generators, and undeclared explicit generators, for the re-run; declared
-            generators are always preserved), and torch_replay's two options:
+            generators are always preserved), the installed torch's other keyword
+            options (torch 2.14: ``respect_saved_tensors_hooks``, whether the tensors
+            selective checkpointing saves go through the surrounding
+            ``saved_tensors_hooks``; ``use_reentrant=False`` only), and torch_replay's
+            two options:
 
             ``state`` (or ``replay_state``): tensors, ``nn.Module`` s (all their
             buffers and parameters) and ``torch.Generator`` s that the segment may read
@@ -172,12 +184,21 @@ def checkpoint(
         UnsupportedReplayError: e.g. a float gradient through an integer write.
         OverlapError: the segment copies between overlapping views of one memory.
         TypeError, ValueError: bad arguments (nothing is run, or state is rolled back).
+        NotImplementedError: a keyword option of the installed torch's checkpoint that
+            this version of torch_replay does not implement, given a value other than
+            its default (nothing is run).
     """
+    if function is None and not args:
+        return _decorator(kwargs, use_reentrant, context_fn, determinism_check, debug, early_stop)
+    if not ENGINES:  # the extension is unavailable: say why (Note [Extension loading])
+        require_extension()
+    options = DROP_IN.pop_options(kwargs)
+    preserve = options["preserve_rng_state"]
+    hooks = options.get("respect_saved_tensors_hooks")
     if torch.compiler.is_compiling():
         # Inside torch.compile: Dynamo's checkpoint region (Note [Checkpoint under
         # torch.compile] in compiled.py), not the eager transaction. As torch there,
         # an omitted use_reentrant is not warned about.
-        preserve = kwargs.pop("preserve_rng_state", True)
         state, engine = _replay_options(function, kwargs)
         if engine not in ENGINES:
             raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
@@ -191,6 +212,7 @@ def checkpoint(
             debug=debug,
             early_stop=early_stop,
             preserve=preserve,
+            torch_options={k: v for k, v in options.items() if k != "preserve_rng_state"},
             state=state,
             engine=engine,
             eager=checkpoint,
@@ -198,17 +220,14 @@ def checkpoint(
     if use_reentrant is None:
         warnings.warn(_USE_REENTRANT_WARNING, stacklevel=2)
         use_reentrant = True
-    preserve = kwargs.pop("preserve_rng_state", True)
     state, engine = _replay_options(function, kwargs)
     if kwargs and use_reentrant:
         raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
     if use_reentrant:
-        if context_fn is not _tcp.noop_context_fn or debug is not False:
-            raise ValueError(
-                "Passing `context_fn` or `debug` is only supported when use_reentrant=False."
-            )
+        if context_fn is not _tcp.noop_context_fn or debug is not False or hooks is not None:
+            raise ValueError(DROP_IN.reentrant_error)
         metadata_fn = None
     else:
         metadata_fn = _metadata_fn(determinism_check)
@@ -242,9 +261,9 @@ def checkpoint(
                 determinism_check=determinism_check,
                 debug=debug,
                 early_stop=early_stop,
-                preserve_rng_state=preserve,
                 replay_state=state,
                 replay_engine=engine,
+                **options,
                 **k,
             )
 
@@ -278,7 +297,46 @@ def checkpoint(
             metadata_fn,
             debug,
             early_stop,
+            respect_saved_tensors_hooks=hooks,
         )
+
+
+# torch_replay's own options, which the decorator form takes as well as torch's.
+_REPLAY_KEYWORDS = frozenset(name for option in _OPTIONS for name in option[:2])
+
+
+def _decorator(kwargs, use_reentrant, context_fn, determinism_check, debug, early_stop):
+    """``checkpoint(**options)`` without a function: a decorator, where torch has the form
+    (Note [Drop-in signature])."""
+    if not DROP_IN.function_optional:
+        raise TypeError("checkpoint() missing 1 required positional argument: 'function'")
+    options = DROP_IN.pop_options(kwargs)
+    unexpected = [k for k in kwargs if k not in _REPLAY_KEYWORDS]
+    if unexpected:
+        raise ValueError("Unexpected keyword arguments: " + ",".join(unexpected))
+    options.update(
+        kwargs,
+        use_reentrant=use_reentrant,
+        context_fn=context_fn,
+        determinism_check=determinism_check,
+        debug=debug,
+        early_stop=early_stop,
+    )
+    return functools.partial(Checkpointed, checkpoint, options=options)
+
+
+# The installed torch's signature (Note [Drop-in signature]).
+checkpoint.__signature__ = DROP_IN.signature  # type: ignore[attr-defined]
+
+
+# The keywords of checkpoint that checkpoint_sequential passes on to each chunk.
+_SEQUENTIAL_OPTIONS = (
+    "context_fn",
+    "determinism_check",
+    "debug",
+    "early_stop",
+    *(name for name in DROP_IN.options if name != "preserve_rng_state"),
+)
 
 
 def checkpoint_sequential(
@@ -304,8 +362,8 @@ def checkpoint_sequential(
         use_reentrant: as for :func:`checkpoint` (omitted: torch's warning, ``True``).
         **kwargs: ``preserve_rng_state``; torch_replay's ``state`` / ``engine``
             (``replay_state`` / ``replay_engine`` are accepted too) and the other
-            keywords of :func:`checkpoint` (``context_fn``, ``determinism_check``,
-            ``debug``, ``early_stop``).
+            keyword options of :func:`checkpoint` (``context_fn``, ``determinism_check``,
+            ``debug``, ``early_stop``, and those of the installed torch's checkpoint).
 
     Returns:
         The output of the last function.
@@ -322,7 +380,7 @@ def checkpoint_sequential(
             raise TypeError(f"checkpoint_sequential: give {plain}= or {spelled}=, not both")
         if plain in kwargs or spelled in kwargs:
             options[spelled] = kwargs.pop(plain if plain in kwargs else spelled)
-    for name in ("context_fn", "determinism_check", "debug", "early_stop"):
+    for name in _SEQUENTIAL_OPTIONS:
         if name in kwargs:
             options[name] = kwargs.pop(name)
     if kwargs:

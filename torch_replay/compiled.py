@@ -220,6 +220,7 @@ def checkpoint_compiled(
     debug: bool,
     early_stop: bool,
     preserve: bool,
+    torch_options: dict[str, Any],
     state,
     engine: str,
     eager: Callable[..., Any],
@@ -228,7 +229,9 @@ def checkpoint_compiled(
     under torch.compile]). ``engine`` is not used there: declared state is kept
     by saving its forward value. ``eager`` is the eager ``torch_replay.checkpoint``,
     run behind a graph break when the state cannot be handed to the region (passed
-    in, so that this module does not import the one that calls it)."""
+    in, so that this module does not import the one that calls it). ``torch_options`` are
+    the installed torch's further keyword options (Note [Drop-in signature] in
+    ``torch_replay/_drop_in.py``), passed on to torch's checkpoint as given."""
     del engine, early_stop  # the partitioner decides what the backward recomputes
     owned, reason = _owners(function, state)
     if reason is not None:
@@ -247,6 +250,7 @@ def checkpoint_compiled(
             "determinism_check": determinism_check,
             "debug": debug,
             "preserve_rng_state": preserve,
+            **torch_options,
         }
         reentrant = True if use_reentrant is None else use_reentrant  # torch's default
         return _eager_segment(eager, function, args, kwargs, reentrant, options)
@@ -254,7 +258,7 @@ def checkpoint_compiled(
         # AOTAutograd traces every region non-reentrantly (torch/_higher_order_ops/
         # wrap.py), so saying so changes nothing but admits the policy.
         context_fn, use_reentrant = rng_context_fn, False
-    options: dict[str, Any] = {"preserve_rng_state": preserve}
+    options: dict[str, Any] = {"preserve_rng_state": preserve, **torch_options}
     if use_reentrant is not None:
         options["use_reentrant"] = use_reentrant
     if use_reentrant is False:

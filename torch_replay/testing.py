@@ -1,7 +1,7 @@
 """Checks to run in a user's own test suite: does the model train with its
 checkpointing exactly as it trains without it, and is one checkpointed segment's
 gradient right (float64 ``gradcheck``)? Registered as a pytest plugin (the
-``torch_replay_testing`` fixture, ``torch_replay/_pytest_plugin.py``); see
+``torch_replay_testing`` fixture, ``_torch_replay_pytestplugin.py``); see
 ``docs/integrations.md`` ("Check it in your tests").
 """
 

@@ -249,13 +249,25 @@ def torch_replay_backend(gm: torch.fx.GraphModule, example_inputs: Any, **option
 
 
 def register() -> None:
-    """Register ``torch_replay`` with dynamo (idempotent: a second call changes nothing)."""
+    """Register ``torch_replay`` with dynamo (idempotent: a second call changes nothing).
+
+    Note [Backend registration]
+    The backend is found two ways: ``import inductor_pass`` (which calls this) and the
+    ``torch_dynamo_backends`` entry point (``pyproject.toml``), which dynamo loads
+    itself when ``torch.compile(backend="torch_replay")`` names a backend it does not
+    have yet (``lookup_backend`` in ``torch/_dynamo/backends/registry.py``): it reads
+    the entry points into ``_BACKENDS`` (name -> ``EntryPoint``), loads ours (which
+    imports this package, and so calls this function) and then registers what the load
+    returned, asserting that the name is new. So when dynamo already holds our entry
+    point, the registration is left to dynamo; otherwise (a checkout that is not
+    installed, or an import before any backend lookup) this registers the backend, and
+    ``_BACKENDS`` maps the name to ``None``.
+    """
     try:
-        from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+        from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
     except Exception:  # pragma: no cover - probed private API
         return
-    # register_backend asserts on a name it has; ``_BACKENDS`` maps registered names to None.
-    if "torch_replay" not in _COMPILER_FNS:
+    if "torch_replay" not in _COMPILER_FNS and _BACKENDS.get("torch_replay") is None:
         register_backend(torch_replay_backend, name="torch_replay")
     # torch.compile(backend="inductor") imports Inductor's compile module when torch.compile
     # is called (torch/__init__.py, _TorchCompileInductorWrapper); a string or callable

@@ -157,7 +157,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="PKG.MODULE:FACTORY",
         help="your model: a factory returning (segments, example_input[, state])",
     )
-    src.add_argument("--config", help="a YAML (or JSON) config, e.g. configs/cpu.yaml")
+    src.add_argument(
+        "--config",
+        help="a YAML (or JSON) config, e.g. configs/cpu.yaml (the shipped configs cpu, "
+        "cpu_dry_run, h100 and rtx2080ti are found from any directory)",
+    )
     p.add_argument("--kwargs", default="{}", help="JSON keyword arguments of --model's factory")
     p.add_argument(
         "--options",

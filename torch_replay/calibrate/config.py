@@ -284,11 +284,37 @@ def _parse_text(text: str, path: str) -> Any:
         ) from None
 
 
+def shipped_config(name: str | os.PathLike) -> Path | None:
+    """The file of a config shipped with the package (``configs/*.yaml`` of the source,
+    installed as ``torch_replay/configs/``), wherever the package is installed.
+
+    Args:
+        name: ``"cpu"``, ``"cpu.yaml"`` or ``"configs/cpu.yaml"`` (as the docs and the
+            command line's help spell them).
+
+    Returns:
+        The path, or ``None`` when ``name`` names no shipped config.
+    """
+    parent, base = os.path.split(os.fspath(name))
+    stem = base[: -len(".yaml")] if base.endswith(".yaml") else base
+    if parent not in ("", "configs") or not stem or os.sep in stem:
+        return None
+    package = Path(__file__).resolve().parent.parent
+    # Installed: torch_replay/configs/ (pyproject.toml's package-dir); a checkout: configs/.
+    for folder in (package / "configs", package.parent / "configs"):
+        if (folder / f"{stem}.yaml").is_file():
+            return folder / f"{stem}.yaml"
+    return None
+
+
 def load_config(source: str | os.PathLike | Mapping[str, Any]) -> CalibrationConfig:
     """Read and validate a calibration config.
 
     Args:
-        source: a path to a YAML (or JSON) file, or the already-parsed mapping.
+        source: a path to a YAML (or JSON) file, or the already-parsed mapping. A path
+            that does not exist and names a shipped config (``configs/cpu.yaml``,
+            ``cpu.yaml`` or ``cpu``) reads the package's copy,
+            so the examples of the docs work from any directory.
 
     Returns:
         The validated :class:`CalibrationConfig`.
@@ -300,6 +326,8 @@ def load_config(source: str | os.PathLike | Mapping[str, Any]) -> CalibrationCon
         raw, where = dict(source), "config"
     else:
         where = str(source)
+        if not Path(source).exists():
+            source = shipped_config(source) or source
         try:
             text = Path(source).read_text()
         except OSError as e:
