@@ -30,6 +30,27 @@ void GeneratorStates::track(const at::Generator& gen, const std::string& name) {
   entries_.push_back({gen, name, generator_state(gen), {}, {}});
 }
 
+GeneratorStates::Entry* GeneratorStates::find(const at::Generator& gen) {
+  for (auto& e : entries_) {
+    if (e.gen.unsafeGetGeneratorImpl() == gen.unsafeGetGeneratorImpl()) {
+      return &e;
+    }
+  }
+  return nullptr;
+}
+
+void GeneratorStates::mark_drawn(const at::Generator& gen) {
+  if (Entry* e = find(gen)) {
+    e->drawn = true;
+  }
+}
+
+void GeneratorStates::mark_replay_drawn(const at::Generator& gen) {
+  if (Entry* e = find(gen)) {
+    e->replay_drawn = true;
+  }
+}
+
 bool GeneratorStates::tracks(const at::Generator& gen) const {
   for (const auto& e : entries_) {
     if (e.gen.unsafeGetGeneratorImpl() == gen.unsafeGetGeneratorImpl()) {
@@ -47,13 +68,18 @@ void GeneratorStates::record_end() {
 
 void GeneratorStates::set_start() {
   for (auto& e : entries_) {
-    set_generator_state(e.gen, e.start);
+    if (e.drawn) {
+      set_generator_state(e.gen, e.start);
+    }
   }
 }
 
 void GeneratorStates::save_live() {
   for (auto& e : entries_) {
-    e.live = generator_state(e.gen);
+    e.replay_drawn = false;
+    if (e.drawn) {
+      e.live = generator_state(e.gen);
+    }
   }
 }
 
@@ -68,7 +94,7 @@ void GeneratorStates::restore_live() {
 
 std::optional<std::string> GeneratorStates::end_mismatch() const {
   for (const auto& e : entries_) {
-    if (!same_state(generator_state(e.gen), e.end)) {
+    if (e.drawn ? !same_state(generator_state(e.gen), e.end) : e.replay_drawn) {
       return e.name;
     }
   }
@@ -77,7 +103,7 @@ std::optional<std::string> GeneratorStates::end_mismatch() const {
 
 bool GeneratorStates::moved() const {
   for (const auto& e : entries_) {
-    if (!same_state(e.start, e.end)) {
+    if (e.drawn && !same_state(e.start, e.end)) {
       return true;
     }
   }
@@ -86,7 +112,7 @@ bool GeneratorStates::moved() const {
 
 bool GeneratorStates::moved_now() const {
   for (const auto& e : entries_) {
-    if (!same_state(e.start, generator_state(e.gen))) {
+    if (e.drawn && !same_state(e.start, generator_state(e.gen))) {
       return true;
     }
   }

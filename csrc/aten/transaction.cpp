@@ -415,7 +415,7 @@ void Transaction::before_op(
   }
 
   // Generators.
-  if (!replay && (random || generator.has_value())) {
+  if (random || generator.has_value()) {
     c10::Device device(c10::kCPU);
     for (const auto& t : tensors) {
       if (t.defined()) {
@@ -423,7 +423,11 @@ void Transaction::before_op(
         break;
       }
     }
-    track_random_use(device, generator);
+    if (replay) {
+      note_replay_draw(device, generator);
+    } else {
+      track_random_use(device, generator);
+    }
   }
 
   std::exception_ptr refused;
@@ -865,9 +869,24 @@ void Transaction::track_random_use(
           "an explicit generator on " + generator->device().str() +
               " passed as generator=");
     }
-  } else if (options_.preserve_rng_state) {
-    track_default_generator(device);
+    generators_.mark_drawn(*generator);  // Note [Generator draws by thread]
+  } else {
+    if (options_.preserve_rng_state) {
+      track_default_generator(device);
+    }
+    generators_.mark_drawn(default_generator(device));
   }
+}
+
+void Transaction::note_replay_draw(
+    const c10::Device& device, const std::optional<at::Generator>& generator) {
+  generators_.mark_replay_drawn(
+      generator.has_value() ? *generator : default_generator(device));
+}
+
+at::Generator Transaction::default_generator(const c10::Device& device) {
+  return device.is_cpu() ? at::detail::getDefaultCPUGenerator()
+                         : at::globalContext().defaultGenerator(device);
 }
 
 template <typename F>
@@ -884,10 +903,11 @@ void Transaction::keep_pending(F&& f) noexcept {
 void Transaction::observe_random(
     const c10::Device& device,
     const std::optional<at::Generator>& generator) noexcept {
-  if (phase_ != Phase::kForward) {
-    return;
+  if (phase_ == Phase::kReplay) {
+    keep_pending([&] { note_replay_draw(device, generator); });
+  } else if (phase_ == Phase::kForward) {
+    keep_pending([&] { track_random_use(device, generator); });
   }
-  keep_pending([&] { track_random_use(device, generator); });
 }
 
 void Transaction::observe_before(

@@ -379,8 +379,12 @@ class Transaction {
   void forget_dead(StorageMap& made);
   void track_random_use(
       const c10::Device& device, const std::optional<at::Generator>& generator);
+  // A random operator of the re-run (Note [Generator draws by thread]).
+  void note_replay_draw(
+      const c10::Device& device, const std::optional<at::Generator>& generator);
+  static at::Generator default_generator(const c10::Device& device);
   Watched watch(const at::Tensor& t, StorageKey key);
-  // Records t's version counter (once per tensor) to put back after a replay.
+  // Records t's version counter to put back after a replay.
   void remember_version(const at::Tensor& t);
   void rollback();
   void release();
@@ -484,11 +488,7 @@ class Transaction {
   bool replay_verified_ = false;
   RegionStore live_;
   StorageMap replay_internal_;
-  std::vector<std::pair<
-      c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>,
-      int64_t>>
-      replay_versions_;
-  std::unordered_set<c10::TensorImpl*> replay_versioned_;
+  std::vector<std::pair<c10::VariableVersion, int64_t>> replay_versions_;
   int64_t replay_transient_bytes_ = 0;
   std::exception_ptr pending_;
   bool watching_writes_ = false;

@@ -116,7 +116,6 @@ void Transaction::begin_replay() {
   live_.clear();
   replay_internal_.clear();
   replay_versions_.clear();
-  replay_versioned_.clear();
   // (Storages a ReshapeRecord owns are hidden from the byte restores: the
   // record sets their live allocation aside whole; Note [Storage-changing
   // writes].)
@@ -214,13 +213,14 @@ void Transaction::begin_replay() {
 }
 
 void Transaction::remember_version(const at::Tensor& t) {
-  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
-  if (replay_versioned_.insert(impl).second) {
-    replay_versions_.emplace_back(
-        c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(
-            t.getIntrusivePtr()),
-        version_of(impl));
-  }
+  // The counter itself (shared by a base and its views), so that a write
+  // through a temporary view is put back after the view died; once per
+  // write, not once per TensorImpl address: a dead view's address may be
+  // reused by a view of another tensor. finish_replay restores newest
+  // first, so each counter ends at its oldest remembered version.
+  c10::VariableVersion counter = t.unsafeGetTensorImpl()->version_counter();
+  const int64_t version = counter_version(counter);
+  replay_versions_.emplace_back(std::move(counter), version);
 }
 
 void Transaction::replay_access(
@@ -369,14 +369,13 @@ void Transaction::finish_replay() {
   untracked_live_.clear();
   for (auto it = replay_versions_.rbegin(); it != replay_versions_.rend();
        ++it) {
-    if (auto strong = it->first.lock()) {
-      set_version_of(strong.get(), it->second);
+    if (it->first.enabled() && counter_version(it->first) != it->second) {
+      it->first.set_version(it->second);
     }
   }
   replay_transient_bytes_ = std::max(replay_transient_bytes_, live_.bytes());
   live_.clear();
   replay_versions_.clear();
-  replay_versioned_.clear();
   replay_internal_.clear();
   phase_ = Phase::kForwardDone;
 }
