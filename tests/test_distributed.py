@@ -1,7 +1,9 @@
 """tr.checkpoint under FSDP2 (fully_shard) and DDP: 2 spawned processes, gloo on
 127.0.0.1 with a file rendezvous, a bounded wait. The reference is
 torch.utils.checkpoint under the same sharding (bitwise), and eager PyTorch for
-a MoCo-style queue declared as state (Note [FSDP traffic] in torch_replay/fsdp.py).
+a MoCo-style queue declared as state and for blocks that write their own state
+(BatchNorm, an EMA, MoE counts) in the README's FSDP2 recipe called from the root
+(Note [FSDP traffic] in torch_replay/fsdp.py).
 
 How a worker starts and ends, so that a loaded machine cannot fail it:
 
@@ -246,6 +248,122 @@ def test_fsdp2_moco_queue_declared_state_gives_eager_gradient(ranks):
                     assert torch.equal(x, y), (mode, (x - y).abs().max())
 
 
+class _StatefulBlock(torch.nn.Module):
+    """A block that writes its own state in the forward, as training models do:
+    BatchNorm statistics (``bn``), an EMA buffer (``ema``), MoE token counts that an
+    expert bias follows between steps (``moe``, torchtitan's auxiliary-loss-free
+    balancing), or nothing, with dropout (``pure``: torch's checkpoint is right)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.lin1, self.lin2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+        self.norm = torch.nn.BatchNorm1d(32) if kind == "bn" else torch.nn.Identity()
+        self.drop = torch.nn.Dropout(0.1) if kind == "pure" else torch.nn.Identity()
+        self.register_buffer("ema", torch.zeros(32))
+        if kind == "moe":
+            self.router, self.experts = torch.nn.Linear(16, 4), torch.nn.Linear(16, 64)
+        self.register_buffer("expert_bias", torch.zeros(4))
+        self.register_buffer("tokens_per_expert", torch.zeros(4))
+
+    def forward(self, x):
+        h = self.norm(self.lin1(x))
+        if self.kind == "ema":
+            with torch.no_grad():
+                self.ema.mul_(0.9).add_(h.mean(0), alpha=0.1)
+        out = x + self.lin2(self.drop(torch.nn.functional.gelu(h)))
+        if self.kind == "moe":
+            scores = self.router(x).sigmoid()
+            choice = (scores + self.expert_bias).argmax(-1)  # the bias only routes
+            with torch.no_grad():
+                self.tokens_per_expert.add_(torch.bincount(choice, minlength=4))
+            picked = self.experts(x).view(-1, 4, 16)[torch.arange(len(x)), choice]
+            out = out + picked * scores.gather(1, choice[:, None])
+        return out
+
+
+def _fsdp_root_run(which: str, kind: str, reentrant: bool, rank: int):
+    """The README's recipe (wrap the blocks, ``fully_shard`` each block and the root)
+    trained two steps from the root, as training loops call it."""
+    from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as ptd
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_StatefulBlock(kind) for _ in range(2)])
+    blocks = list(model)
+    is_block = lambda m: isinstance(m, _StatefulBlock)  # noqa: E731
+    if which == "tr":
+        tr.apply_activation_checkpointing(model, check_fn=is_block, use_reentrant=reentrant)
+    elif which == "torch":
+        impl = ptd.CheckpointImpl.REENTRANT if reentrant else ptd.CheckpointImpl.NO_REENTRANT
+        wrap = functools.partial(ptd.checkpoint_wrapper, checkpoint_impl=impl)
+        ptd.apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrap, check_fn=is_block)
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(100 + rank)
+    grads = []
+    for step in range(2):
+        torch.manual_seed(step)  # dropout
+        x = torch.randn(8, 16, generator=gen, requires_grad=reentrant)
+        model(x).pow(2).mean().backward()
+        grads.append([p.grad.to_local().clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():  # the expert bias follows the counts, as torchtitan's
+            for b in blocks:
+                counts = b.tokens_per_expert
+                b.expert_bias.add_(1e-2 * (counts.mean() - counts).sign())
+                counts.zero_()
+    params = [p.detach().to_local().clone() for p in model.parameters()]
+    return grads, params, [b.clone() for b in model.buffers()]
+
+
+_KINDS = ("pure", "bn", "ema", "moe")
+
+
+def _fsdp_root_job(rank):
+    """Per kind of block: eager, and each checkpointing; a kind's failure kept to itself."""
+    out = {}
+    for kind in _KINDS:
+        try:
+            runs = {"eager": _fsdp_root_run("eager", kind, False, rank)}
+            for reentrant in (False, True):
+                for which in ("tr", "torch") if kind == "pure" else ("tr",):
+                    runs[(which, reentrant)] = _fsdp_root_run(which, kind, reentrant, rank)
+            out[kind] = runs
+        except Exception:
+            out[kind] = {"error": traceback.format_exc()}
+    return out
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["plain", "reentrant"])
+@pytest.mark.parametrize("kind", _KINDS)
+def test_fsdp2_root_call_stateful_blocks_train_like_eager(ranks, kind, reentrant):
+    """FSDP2 as training loops call it: the README's recipe, the root called, so each
+    block reshards after its forward and all-gathers again for the re-run. Two steps
+    give eager's gradients, parameters and buffers (BatchNorm statistics, an EMA, MoE
+    token counts and the expert bias that follows them) at the default engine, and
+    torch's checkpoint result where torch is right (``pure``, with dropout)."""
+    for res in _results(ranks, "fsdp-root"):
+        res = res[kind]
+        assert "error" not in res, res.get("error")
+        (g_e, p_e, b_e), (g_r, p_r, b_r) = res["eager"], res[("tr", reentrant)]
+        for step, (a, b) in enumerate(zip(g_e, g_r, strict=True)):
+            for x, y in zip(a, b, strict=True):
+                assert torch.equal(x, y), (step, (x - y).abs().max())
+        for x, y in zip(p_e + b_e, p_r + b_r, strict=True):
+            assert torch.equal(x, y), (x - y).abs().max()
+        if kind == "pure":
+            g_t, p_t, b_t = res[("torch", reentrant)]
+            for a, b in zip(g_t, g_r, strict=True):
+                for x, y in zip(a, b, strict=True):
+                    assert torch.equal(x, y)
+            for x, y in zip(p_t + b_t, p_r + b_r, strict=True):
+                assert torch.equal(x, y)
+
+
 def _ddp_job(rank):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -272,6 +390,7 @@ _JOBS = {
     "fsdp-inside": functools.partial(_fsdp_job, True),
     "fsdp-around": functools.partial(_fsdp_job, False),
     "moco": _moco_job,
+    "fsdp-root": _fsdp_root_job,
     "ddp": _ddp_job,
 }
 """The jobs the workers run, by name (``_every_job``)."""
