@@ -364,6 +364,72 @@ def test_fsdp2_root_call_stateful_blocks_train_like_eager(ranks, kind, reentrant
                 assert torch.equal(x, y)
 
 
+def _lightning_model_parallel_job(rank):
+    """Lightning's ``ModelParallelStrategy`` (FSDP2 over its device mesh), the blocks
+    wrapped and sharded in ``configure_model``, ``Trainer.fit`` for two steps. The
+    workers' process group is Lightning's: it joins a group already initialized and
+    launches nothing when ``LOCAL_RANK`` is set, as under torchrun."""
+    try:
+        import lightning as L
+        from lightning.pytorch.strategies import ModelParallelStrategy
+    except ImportError:  # the test skips with the reason
+        return {"skip": "lightning is a test dependency (requirements-dev.txt)"}
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(WORLD))
+
+    class Lit(L.LightningModule):
+        def __init__(self, checkpointed: bool):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
+            self.checkpointed = checkpointed
+
+        def configure_model(self):
+            if self.checkpointed:
+                tr.apply_activation_checkpointing(
+                    self.net, check_fn=lambda m: isinstance(m, _StatefulBlock)
+                )
+            mesh = self.device_mesh["data_parallel"]
+            for block in self.net:
+                fully_shard(block, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    out = {}
+    for checkpointed in (False, True):
+        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1))
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+        strategy = ModelParallelStrategy(data_parallel_size=WORLD, tensor_parallel_size=1)
+        trainer = L.Trainer(
+            accelerator="cpu", devices=WORLD, strategy=strategy, max_steps=2, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        lit = Lit(checkpointed)
+        trainer.fit(lit, data)
+        wrapped = type(lit.net[0]).__name__
+        params = [p.detach().to_local().clone() for p in lit.net.parameters()]
+        out[checkpointed] = wrapped, params + [b.clone() for b in lit.net.buffers()]
+    return out
+
+
+def test_lightning_model_parallel_strategy_trains_like_eager(ranks):
+    """The root call through Lightning's loop: eager's parameters and BatchNorm
+    statistics after two steps."""
+    for res in _results(ranks, "lightning-model-parallel"):
+        if "skip" in res:
+            pytest.skip(res["skip"])
+        (_, eager), (wrapped, ours) = res[False], res[True]
+        assert wrapped == "FSDPReplayCheckpointWrapper"  # fully_shard's subclass of ours
+        for x, y in zip(eager, ours, strict=True):
+            assert torch.equal(x, y), (x - y).abs().max()
+
+
 def _ddp_job(rank):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -392,6 +458,7 @@ _JOBS = {
     "moco": _moco_job,
     "fsdp-root": _fsdp_root_job,
     "ddp": _ddp_job,
+    "lightning-model-parallel": _lightning_model_parallel_job,  # last: Lightning's globals
 }
 """The jobs the workers run, by name (``_every_job``)."""
 
