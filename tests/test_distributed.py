@@ -30,6 +30,7 @@ import pickle
 import sys
 import tempfile
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -430,6 +431,86 @@ def test_lightning_model_parallel_strategy_trains_like_eager(ranks):
             assert torch.equal(x, y), (x - y).abs().max()
 
 
+def _accelerate_fsdp2_job(rank):
+    """accelerate's FSDP2 plugin with ``activation_checkpointing=True`` beside the
+    documented recipe, through ``Accelerator.prepare`` and ``accelerator.backward``.
+    accelerate selects FSDP only on accelerator devices (``AcceleratorState`` picks
+    ``MULTI_CPU``, which is DDP, on CPU and ignores the plugin), so the job sets the
+    state's ``distributed_type`` to FSDP after building ``Accelerator(cpu=True)``;
+    ``prepare`` then runs its own FSDP2 path (``fsdp2_apply_ac``, ``fsdp2_prepare_model``)."""
+    try:
+        from accelerate import Accelerator, FullyShardedDataParallelPlugin
+        from accelerate.state import AcceleratorState
+        from accelerate.utils import DistributedType
+    except ImportError:  # the test skips with the reason
+        return {"skip": "accelerate is a test dependency (requirements-dev.txt)"}
+    os.environ.update(
+        LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD)
+    )
+    policies = {
+        "transformer": {
+            "auto_wrap_policy": "transformer_based_wrap",
+            "transformer_cls_names_to_wrap": ["_StatefulBlock"],
+        },
+        "size": {"auto_wrap_policy": "size_based_wrap", "min_num_params": 100},
+    }
+    out = {}
+    for policy, kwargs in policies.items():
+        for how in ("eager", "torch", "tr"):
+            AcceleratorState._reset_state(True)
+            plugin = FullyShardedDataParallelPlugin(
+                fsdp_version=2, activation_checkpointing=how != "eager", **kwargs
+            )
+            accelerator = Accelerator(cpu=True)
+            accelerator.state.distributed_type = DistributedType.FSDP
+            accelerator.state.fsdp_plugin = plugin
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
+            if how == "tr":  # the recipe: wrap before prepare()
+                is_block = lambda m: isinstance(m, _StatefulBlock)  # noqa: E731
+                tr.apply_activation_checkpointing(model, check_fn=is_block)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            model, opt = accelerator.prepare(model, opt)
+            gen = torch.Generator().manual_seed(1 + rank)
+            try:
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    for _ in range(2):
+                        x = torch.randn(8, 16, generator=gen)
+                        accelerator.backward(model(x).pow(2).mean())
+                        opt.step()
+                        opt.zero_grad()
+            except tr.UnsupportedReplayError as e:
+                out[(policy, how)] = {"refused": str(e)}
+                continue
+            told = [str(w.message) for w in seen if "torch_replay" in str(w.message)]
+            params = [p.detach().to_local().clone() for p in model.parameters()]
+            out[(policy, how)] = {
+                "told": told,
+                "state": params + [b.clone() for b in model.buffers()],
+            }
+    AcceleratorState._reset_state(True)
+    return out
+
+
+def test_accelerate_fsdp2_plugin_checkpointing_never_silently_nests(ranks):
+    """Its transformer policy puts torch's wrapper inside ours: ours wins (eager's
+    parameters and statistics, where the plugin's own checkpointing is not) and a warning
+    names the setting; its size-based policy also wraps ours: refused at the first
+    forward, naming the setting (Note [Nested wrappers] in torch_replay/wrapper.py)."""
+    for res in _results(ranks, "accelerate-fsdp2"):
+        if "skip" in res:
+            pytest.skip(res["skip"])
+        eager, torch_own, ours = (res[("transformer", h)] for h in ("eager", "torch", "tr"))
+        assert not all(
+            torch.equal(a, b) for a, b in zip(eager["state"], torch_own["state"], strict=True)
+        )
+        assert ours["told"] and "activation_checkpointing=False" in ours["told"][0]
+        for x, y in zip(eager["state"], ours["state"], strict=True):
+            assert torch.equal(x, y), (x - y).abs().max()
+        assert "activation_checkpointing=False" in res[("size", "tr")]["refused"]
+
+
 def _ddp_job(rank):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -458,6 +539,7 @@ _JOBS = {
     "moco": _moco_job,
     "fsdp-root": _fsdp_root_job,
     "ddp": _ddp_job,
+    "accelerate-fsdp2": _accelerate_fsdp2_job,
     "lightning-model-parallel": _lightning_model_parallel_job,  # last: Lightning's globals
 }
 """The jobs the workers run, by name (``_every_job``)."""
