@@ -1,7 +1,9 @@
 """tr.checkpoint under FSDP2 (fully_shard) and DDP: 2 spawned processes, gloo on
 127.0.0.1 with a file rendezvous, a bounded wait. The reference is
 torch.utils.checkpoint under the same sharding (bitwise), and eager PyTorch for
-a MoCo-style queue declared as state (Note [FSDP traffic] in torch_replay/fsdp.py).
+a MoCo-style queue declared as state and for blocks that write their own state
+(BatchNorm, an EMA, MoE counts) in the README's FSDP2 recipe called from the root
+(Note [FSDP traffic] in torch_replay/fsdp.py).
 
 How a worker starts and ends, so that a loaded machine cannot fail it:
 
@@ -28,6 +30,7 @@ import pickle
 import sys
 import tempfile
 import traceback
+import warnings
 
 import pytest
 import torch
@@ -246,6 +249,268 @@ def test_fsdp2_moco_queue_declared_state_gives_eager_gradient(ranks):
                     assert torch.equal(x, y), (mode, (x - y).abs().max())
 
 
+class _StatefulBlock(torch.nn.Module):
+    """A block that writes its own state in the forward, as training models do:
+    BatchNorm statistics (``bn``), an EMA buffer (``ema``), MoE token counts that an
+    expert bias follows between steps (``moe``, torchtitan's auxiliary-loss-free
+    balancing), or nothing, with dropout (``pure``: torch's checkpoint is right)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.lin1, self.lin2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16)
+        self.norm = torch.nn.BatchNorm1d(32) if kind == "bn" else torch.nn.Identity()
+        self.drop = torch.nn.Dropout(0.1) if kind == "pure" else torch.nn.Identity()
+        self.register_buffer("ema", torch.zeros(32))
+        if kind == "moe":
+            self.router, self.experts = torch.nn.Linear(16, 4), torch.nn.Linear(16, 64)
+        self.register_buffer("expert_bias", torch.zeros(4))
+        self.register_buffer("tokens_per_expert", torch.zeros(4))
+
+    def forward(self, x):
+        h = self.norm(self.lin1(x))
+        if self.kind == "ema":
+            with torch.no_grad():
+                self.ema.mul_(0.9).add_(h.mean(0), alpha=0.1)
+        out = x + self.lin2(self.drop(torch.nn.functional.gelu(h)))
+        if self.kind == "moe":
+            scores = self.router(x).sigmoid()
+            choice = (scores + self.expert_bias).argmax(-1)  # the bias only routes
+            with torch.no_grad():
+                self.tokens_per_expert.add_(torch.bincount(choice, minlength=4))
+            picked = self.experts(x).view(-1, 4, 16)[torch.arange(len(x)), choice]
+            out = out + picked * scores.gather(1, choice[:, None])
+        return out
+
+
+def _fsdp_root_run(which: str, kind: str, reentrant: bool, rank: int):
+    """The README's recipe (wrap the blocks, ``fully_shard`` each block and the root)
+    trained two steps from the root, as training loops call it."""
+    from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as ptd
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_StatefulBlock(kind) for _ in range(2)])
+    blocks = list(model)
+    is_block = lambda m: isinstance(m, _StatefulBlock)  # noqa: E731
+    if which == "tr":
+        tr.apply_activation_checkpointing(model, check_fn=is_block, use_reentrant=reentrant)
+    elif which == "torch":
+        impl = ptd.CheckpointImpl.REENTRANT if reentrant else ptd.CheckpointImpl.NO_REENTRANT
+        wrap = functools.partial(ptd.checkpoint_wrapper, checkpoint_impl=impl)
+        ptd.apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrap, check_fn=is_block)
+    for block in model:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(100 + rank)
+    grads = []
+    for step in range(2):
+        torch.manual_seed(step)  # dropout
+        x = torch.randn(8, 16, generator=gen, requires_grad=reentrant)
+        model(x).pow(2).mean().backward()
+        grads.append([p.grad.to_local().clone() for p in model.parameters()])
+        opt.step()
+        opt.zero_grad()
+        with torch.no_grad():  # the expert bias follows the counts, as torchtitan's
+            for b in blocks:
+                counts = b.tokens_per_expert
+                b.expert_bias.add_(1e-2 * (counts.mean() - counts).sign())
+                counts.zero_()
+    params = [p.detach().to_local().clone() for p in model.parameters()]
+    return grads, params, [b.clone() for b in model.buffers()]
+
+
+_KINDS = ("pure", "bn", "ema", "moe")
+
+
+def _fsdp_root_job(rank):
+    """Per kind of block: eager, and each checkpointing; a kind's failure kept to itself."""
+    out = {}
+    for kind in _KINDS:
+        try:
+            runs = {"eager": _fsdp_root_run("eager", kind, False, rank)}
+            for reentrant in (False, True):
+                for which in ("tr", "torch") if kind == "pure" else ("tr",):
+                    runs[(which, reentrant)] = _fsdp_root_run(which, kind, reentrant, rank)
+            out[kind] = runs
+        except Exception:
+            out[kind] = {"error": traceback.format_exc()}
+    return out
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["plain", "reentrant"])
+@pytest.mark.parametrize("kind", _KINDS)
+def test_fsdp2_root_call_stateful_blocks_train_like_eager(ranks, kind, reentrant):
+    """FSDP2 as training loops call it: the README's recipe, the root called, so each
+    block reshards after its forward and all-gathers again for the re-run. Two steps
+    give eager's gradients, parameters and buffers (BatchNorm statistics, an EMA, MoE
+    token counts and the expert bias that follows them) at the default engine, and
+    torch's checkpoint result where torch is right (``pure``, with dropout)."""
+    for res in _results(ranks, "fsdp-root"):
+        res = res[kind]
+        assert "error" not in res, res.get("error")
+        (g_e, p_e, b_e), (g_r, p_r, b_r) = res["eager"], res[("tr", reentrant)]
+        for step, (a, b) in enumerate(zip(g_e, g_r, strict=True)):
+            for x, y in zip(a, b, strict=True):
+                assert torch.equal(x, y), (step, (x - y).abs().max())
+        for x, y in zip(p_e + b_e, p_r + b_r, strict=True):
+            assert torch.equal(x, y), (x - y).abs().max()
+        if kind == "pure":
+            g_t, p_t, b_t = res[("torch", reentrant)]
+            for a, b in zip(g_t, g_r, strict=True):
+                for x, y in zip(a, b, strict=True):
+                    assert torch.equal(x, y)
+            for x, y in zip(p_t + b_t, p_r + b_r, strict=True):
+                assert torch.equal(x, y)
+
+
+def _lightning_model_parallel_job(rank):
+    """Lightning's ``ModelParallelStrategy`` (FSDP2 over its device mesh), the blocks
+    wrapped and sharded in ``configure_model``, ``Trainer.fit`` for two steps. The
+    workers' process group is Lightning's: it joins a group already initialized and
+    launches nothing when ``LOCAL_RANK`` is set, as under torchrun."""
+    try:
+        import lightning as L
+        from lightning.pytorch.strategies import ModelParallelStrategy
+    except ImportError:  # the test skips with the reason
+        return {"skip": "lightning is a test dependency (requirements-dev.txt)"}
+    from torch.distributed.fsdp import fully_shard
+
+    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(WORLD))
+
+    class Lit(L.LightningModule):
+        def __init__(self, checkpointed: bool):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
+            self.checkpointed = checkpointed
+
+        def configure_model(self):
+            if self.checkpointed:
+                tr.apply_activation_checkpointing(
+                    self.net, check_fn=lambda m: isinstance(m, _StatefulBlock)
+                )
+            mesh = self.device_mesh["data_parallel"]
+            for block in self.net:
+                fully_shard(block, mesh=mesh)
+            fully_shard(self.net, mesh=mesh)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    out = {}
+    for checkpointed in (False, True):
+        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1))
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+        strategy = ModelParallelStrategy(data_parallel_size=WORLD, tensor_parallel_size=1)
+        trainer = L.Trainer(
+            accelerator="cpu", devices=WORLD, strategy=strategy, max_steps=2, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        lit = Lit(checkpointed)
+        trainer.fit(lit, data)
+        wrapped = type(lit.net[0]).__name__
+        params = [p.detach().to_local().clone() for p in lit.net.parameters()]
+        out[checkpointed] = wrapped, params + [b.clone() for b in lit.net.buffers()]
+    return out
+
+
+def test_lightning_model_parallel_strategy_trains_like_eager(ranks):
+    """The root call through Lightning's loop: eager's parameters and BatchNorm
+    statistics after two steps."""
+    for res in _results(ranks, "lightning-model-parallel"):
+        if "skip" in res:
+            pytest.skip(res["skip"])
+        (_, eager), (wrapped, ours) = res[False], res[True]
+        assert wrapped == "FSDPReplayCheckpointWrapper"  # fully_shard's subclass of ours
+        for x, y in zip(eager, ours, strict=True):
+            assert torch.equal(x, y), (x - y).abs().max()
+
+
+def _accelerate_fsdp2_job(rank):
+    """accelerate's FSDP2 plugin with ``activation_checkpointing=True`` beside the
+    documented recipe, through ``Accelerator.prepare`` and ``accelerator.backward``.
+    accelerate selects FSDP only on accelerator devices (``AcceleratorState`` picks
+    ``MULTI_CPU``, which is DDP, on CPU and ignores the plugin), so the job sets the
+    state's ``distributed_type`` to FSDP after building ``Accelerator(cpu=True)``;
+    ``prepare`` then runs its own FSDP2 path (``fsdp2_apply_ac``, ``fsdp2_prepare_model``)."""
+    try:
+        from accelerate import Accelerator, FullyShardedDataParallelPlugin
+        from accelerate.state import AcceleratorState
+        from accelerate.utils import DistributedType
+    except ImportError:  # the test skips with the reason
+        return {"skip": "accelerate is a test dependency (requirements-dev.txt)"}
+    os.environ.update(
+        LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD)
+    )
+    policies = {
+        "transformer": {
+            "auto_wrap_policy": "transformer_based_wrap",
+            "transformer_cls_names_to_wrap": ["_StatefulBlock"],
+        },
+        "size": {"auto_wrap_policy": "size_based_wrap", "min_num_params": 100},
+    }
+    out = {}
+    for policy, kwargs in policies.items():
+        for how in ("eager", "torch", "tr"):
+            AcceleratorState._reset_state(True)
+            plugin = FullyShardedDataParallelPlugin(
+                fsdp_version=2, activation_checkpointing=how != "eager", **kwargs
+            )
+            accelerator = Accelerator(cpu=True)
+            accelerator.state.distributed_type = DistributedType.FSDP
+            accelerator.state.fsdp_plugin = plugin
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
+            if how == "tr":  # the recipe: wrap before prepare()
+                is_block = lambda m: isinstance(m, _StatefulBlock)  # noqa: E731
+                tr.apply_activation_checkpointing(model, check_fn=is_block)
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+            model, opt = accelerator.prepare(model, opt)
+            gen = torch.Generator().manual_seed(1 + rank)
+            try:
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    for _ in range(2):
+                        x = torch.randn(8, 16, generator=gen)
+                        accelerator.backward(model(x).pow(2).mean())
+                        opt.step()
+                        opt.zero_grad()
+            except tr.UnsupportedReplayError as e:
+                out[(policy, how)] = {"refused": str(e)}
+                continue
+            told = [str(w.message) for w in seen if "torch_replay" in str(w.message)]
+            params = [p.detach().to_local().clone() for p in model.parameters()]
+            out[(policy, how)] = {
+                "told": told,
+                "state": params + [b.clone() for b in model.buffers()],
+            }
+    AcceleratorState._reset_state(True)
+    return out
+
+
+def test_accelerate_fsdp2_plugin_checkpointing_never_silently_nests(ranks):
+    """Its transformer policy puts torch's wrapper inside ours: ours wins (eager's
+    parameters and statistics, where the plugin's own checkpointing is not) and a warning
+    names the setting; its size-based policy also wraps ours: refused at the first
+    forward, naming the setting (Note [Nested wrappers] in torch_replay/wrapper.py)."""
+    for res in _results(ranks, "accelerate-fsdp2"):
+        if "skip" in res:
+            pytest.skip(res["skip"])
+        eager, torch_own, ours = (res[("transformer", h)] for h in ("eager", "torch", "tr"))
+        assert not all(
+            torch.equal(a, b) for a, b in zip(eager["state"], torch_own["state"], strict=True)
+        )
+        assert ours["told"] and "activation_checkpointing=False" in ours["told"][0]
+        for x, y in zip(eager["state"], ours["state"], strict=True):
+            assert torch.equal(x, y), (x - y).abs().max()
+        assert "activation_checkpointing=False" in res[("size", "tr")]["refused"]
+
+
 def _ddp_job(rank):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -272,7 +537,10 @@ _JOBS = {
     "fsdp-inside": functools.partial(_fsdp_job, True),
     "fsdp-around": functools.partial(_fsdp_job, False),
     "moco": _moco_job,
+    "fsdp-root": _fsdp_root_job,
     "ddp": _ddp_job,
+    "accelerate-fsdp2": _accelerate_fsdp2_job,
+    "lightning-model-parallel": _lightning_model_parallel_job,  # last: Lightning's globals
 }
 """The jobs the workers run, by name (``_every_job``)."""
 

@@ -193,6 +193,51 @@ def test_bad_keywords_refused_before_wrapping():
     assert not any(isinstance(m, CheckpointWrapper) for m in model.modules())
 
 
+# ------------------------------------------------------------------ nested wrappers
+
+
+def _torch_wrap_after_ours(select):
+    """tr's recipe, then torch's apply_activation_checkpointing as accelerate's FSDP2
+    plugin applies it (``preserve_rng_state=False``) on the modules ``select`` picks
+    (Note [Nested wrappers] in torch_replay/wrapper.py)."""
+    model = _model(norm=True)
+    tr.apply_activation_checkpointing(model, check_fn=lambda m: isinstance(m, Block))
+    wrap = functools.partial(torch_wrapper, preserve_rng_state=False)
+    torch_apply(model, checkpoint_wrapper_fn=wrap, check_fn=select)
+    return model
+
+
+def test_torch_wrapper_inside_ours_is_disarmed_with_a_warning():
+    """torch's wrapper inside ours (accelerate's transformer policy): ours wins, eager's
+    gradients and statistics, and the user is told once what to turn off."""
+    x = torch.randn(8, 16)
+    o_e, g_e, b_e = _step(_model(norm=True), x)
+    model = _torch_wrap_after_ours(lambda m: isinstance(m, Block))
+    inner = model[0]._checkpoint_wrapped_module
+    assert type(inner) is CheckpointWrapper and isinstance(inner._checkpoint_wrapped_module, Block)
+    with pytest.warns(UserWarning, match="activation_checkpointing=False") as seen:
+        o_r, g_r, b_r = _step(model, x)
+    assert sum("torch_replay" in str(w.message) for w in seen) == len(model)  # once each
+    assert torch.equal(o_r, o_e)
+    assert_bitwise(g_r, g_e)
+    assert_bitwise(b_r, b_e)
+    # torch's own wrapper alone, in the same place, updates the statistics twice
+    torch_only = _model(norm=True)
+    torch_apply(torch_only, checkpoint_wrapper_fn=functools.partial(torch_wrapper))
+    assert not all(torch.equal(a, b) for a, b in zip(_step(torch_only, x)[2], b_e, strict=True))
+
+
+def test_ours_inside_torch_checkpoint_is_refused_before_any_write():
+    """torch's wrapper around ours (accelerate's size-based policy): torch's re-run would
+    run our segment again, so the first forward refuses, naming what to turn off."""
+    model = _torch_wrap_after_ours(lambda m: type(m).__name__ == "ReplayCheckpointWrapper")
+    assert type(model[0]) is CheckpointWrapper
+    before = [b.clone() for b in model.buffers()]
+    with pytest.raises(tr.UnsupportedReplayError, match="activation_checkpointing=False"):
+        model(torch.randn(8, 16, requires_grad=True))
+    assert_bitwise([b.clone() for b in model.buffers()], before)
+
+
 # ------------------------------------------------------------------ torch.compile
 
 

@@ -269,14 +269,13 @@ def _collect_state(state, function):
                 prefix = paths.get(id(item), "")
             prefix = prefix or type(item).__name__
             # FSDP2 / DTensor state is preserved by its local shard (Note [FSDP traffic]).
-            modules, buffers, parameters = _module_state(item)
-            owner = _fsdp.owners(item, modules)
+            buffers, parameters = _module_state(item)
             for n, b in buffers:
-                local = _fsdp.local_state(b, owner)
+                local = _fsdp.local_state(b)
                 tensors.append(local)
                 names.append(f"{prefix}.{n} (buffer{_shard_word(local, b)})")
             for n, p in parameters:
-                local = _fsdp.local_state(p, owner)
+                local = _fsdp.local_state(p)
                 tensors.append(local)
                 names.append(f"{prefix}.{n} (parameter{_shard_word(local, p)})")
         elif isinstance(item, torch.Tensor):
@@ -299,11 +298,10 @@ _plain_modules: dict[type, bool] = {}
 
 
 def _module_state(module: torch.nn.Module):
-    """``list(module.modules())``, ``list(module.named_buffers())`` and
-    ``list(module.named_parameters())``: the same modules, names and order, from one
-    walk of the module tree instead of three (a segment that declares its layer collects
-    them at every call). A tree with a module class that changes how the tree is walked
-    is walked by torch's own methods."""
+    """``list(module.named_buffers())`` and ``list(module.named_parameters())``: the
+    same names and order, from one walk of the module tree instead of two (a segment
+    that declares its layer collects them at every call). A tree with a module class
+    that changes how the tree is walked is walked by torch's own methods."""
     order: list[tuple[str, torch.nn.Module]] = []
     seen: set[int] = set()
     stack = [("", module)]
@@ -317,11 +315,7 @@ def _module_state(module: torch.nn.Module):
             plain = all(getattr(cls, n) is getattr(torch.nn.Module, n) for n in _TREE_METHODS)
             _plain_modules[cls] = plain
         if not plain:
-            return (
-                list(module.modules()),
-                list(module.named_buffers()),
-                list(module.named_parameters()),
-            )
+            return list(module.named_buffers()), list(module.named_parameters())
         seen.add(id(m))
         order.append((prefix, m))
         children = [
@@ -339,7 +333,7 @@ def _module_state(module: torch.nn.Module):
                 out.append((f"{prefix}.{n}" if prefix else n, t))
         return out
 
-    return [m for _, m in order], members("_buffers"), members("_parameters")
+    return members("_buffers"), members("_parameters")
 
 
 def _shard_word(local: torch.Tensor, declared: torch.Tensor) -> str:

@@ -18,11 +18,35 @@ spectral-norm vectors, quantization observers, router biases), see
 ``docs/replay_contract.md``. The module object itself is declared, so its tensors are
 collected on every call (FSDP2's sharded parameters by their local shard, Note [FSDP
 traffic] in ``fsdp.py``).
+
+Note [Nested wrappers]
+A stack's own activation checkpointing can wrap again what torch_replay already wraps:
+accelerate's FSDP2 plugin with ``activation_checkpointing=True``
+(``accelerate.utils.fsdp_utils.fsdp2_apply_ac``) wraps every layer its policy selects
+with torch's ``checkpoint_wrapper(layer, preserve_rng_state=False)`` and does not skip
+wrapped ones (Lightning's helper does). Its transformer policy looks through
+``_checkpoint_wrapped_module`` and walks bottom-up, so the layer inside ours is wrapped:
+``ours(torch's(layer))``; a size-based policy wraps ours as well:
+``torch's(ours(torch's(layer)))``. Either nest silently gave torch's result. At each
+forward (not under ``torch.compile``, whose checkpoint region is one):
+
+- torch's wrapper anywhere *inside* ours (a size-based policy also wraps the layer's
+  submodules): ours wins, since our segment keeps nothing inside itself anyway. Its
+  ``checkpoint_fn`` becomes a plain call, so it stays in the tree (its FSDP hooks and
+  state-dict keys stay) but checkpoints nothing, and a ``UserWarning`` says so, naming
+  the setting to turn off.
+- ours inside torch's non-reentrant checkpoint (its forward or its re-run: the saved-tensor
+  hooks on top are ``torch.utils.checkpoint``'s): torch's re-run would run this segment
+  again, state writes and all, and nothing here can undo that, so
+  ``UnsupportedReplayError`` names the setting to turn off. (Inside torch's *reentrant*
+  checkpoint the forward runs under ``no_grad``, which looks like evaluation: not
+  detected.)
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +60,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 from .checkpoint import checkpoint
+from .errors import UnsupportedReplayError
 
 if TYPE_CHECKING:
     from .layer_budget import LayerPlan
@@ -100,6 +125,62 @@ class ReplayCheckpointWrapper(CheckpointWrapper):
             replay_state=resolve_state(replay_state, mod, "module"),
             replay_engine=replay_engine,
             **checkpoint_kwargs,
+        )
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.compiler.is_compiling():
+            _refuse_torch_checkpoint_around(self)
+            _disarm_torch_wrappers_inside(self)
+        return super().forward(*args, **kwargs)
+
+
+_TURN_OFF = (
+    "turn the stack's own activation checkpointing off (accelerate: "
+    "FullyShardedDataParallelPlugin(activation_checkpointing=False), "
+    "fsdp_activation_checkpointing: false in its config; torch: do not call "
+    "apply_activation_checkpointing on a model torch_replay already wraps)"
+)
+
+
+def _run_plainly(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """The ``checkpoint_fn`` of a torch wrapper that ours has disarmed."""
+    return function(*args, **kwargs)
+
+
+def _disarm_torch_wrappers_inside(wrapper: ReplayCheckpointWrapper) -> None:
+    """Torch's ``CheckpointWrapper`` modules inside ``wrapper`` call their module
+    plainly from now on (Note [Nested wrappers])."""
+    for inner in wrapper._checkpoint_wrapped_module.modules():
+        if (
+            isinstance(inner, CheckpointWrapper)
+            and not isinstance(inner, ReplayCheckpointWrapper)
+            and inner.checkpoint_fn is not _run_plainly
+        ):
+            inner.checkpoint_fn = _run_plainly
+            warnings.warn(
+                "torch_replay: torch's CheckpointWrapper was applied inside a module that "
+                "torch_replay already checkpoints (accelerate's FSDP plugin with "
+                "activation_checkpointing=True does this); torch_replay's checkpoint is "
+                "used and torch's wrapper now runs its module without checkpointing. To "
+                f"silence this, {_TURN_OFF}.",
+                UserWarning,
+                stacklevel=4,
+            )
+
+
+def _refuse_torch_checkpoint_around(wrapper: ReplayCheckpointWrapper) -> None:
+    """Raises when ``wrapper`` runs inside ``torch.utils.checkpoint``'s non-reentrant
+    forward or re-run (Note [Nested wrappers])."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
+    if hooks is not None and getattr(hooks[0], "__module__", None) == "torch.utils.checkpoint":
+        inner = type(wrapper._checkpoint_wrapped_module).__name__
+        raise UnsupportedReplayError(
+            f"torch_replay's checkpoint wrapper (around {inner}) runs inside "
+            "torch.utils.checkpoint: torch's CheckpointWrapper was applied around a module "
+            "torch_replay already wraps (accelerate's FSDP plugin with "
+            "activation_checkpointing=True and a size-based policy does this), and torch's "
+            "re-run would run torch_replay's segment again, with its state writes. To "
+            f"train with torch_replay's checkpoint, {_TURN_OFF}."
         )
 
 
