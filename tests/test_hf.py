@@ -392,6 +392,9 @@ def test_budget_plan_survives_the_trainer_enable(tmp_path):
     )
     with pytest.raises(TypeError, match="every_n_layers"):
         model.activation_checkpointing_enable(every_n_layers=2)
+    with pytest.warns(UserWarning, match="selective=True"):  # TRL's key: not passed on
+        model.activation_checkpointing_enable({"selective": True})
+    assert "selective" not in tr_hf.layers(model)[1]._gradient_checkpointing_func.keywords
 
 
 def test_sft_trainer_default_checkpointing_runs_torch_replay(tmp_path, one_thread):

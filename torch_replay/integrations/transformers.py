@@ -209,6 +209,15 @@ class _EnableAgain:
         model = self.model
         setting: _Setting = vars(model)[_SETTING]
         kwargs = dict(activation_checkpointing_kwargs or {})
+        if kwargs.pop("selective", False):  # TRL's key for its own selective checkpointing
+            warnings.warn(
+                "torch_replay.integrations.transformers: selective=True (TRL's selective "
+                "activation checkpointing) is not applied: torch_replay re-runs whole "
+                "layers. Drop it from gradient_checkpointing_kwargs, or tr_hf.disable(model) "
+                "to use TRL's.",
+                UserWarning,
+                stacklevel=2,
+            )
         found = _check(model, kwargs)
         options = {**setting.options, **kwargs}
         options["offload"] = bool(options["offload"] or offload)
