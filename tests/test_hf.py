@@ -7,6 +7,7 @@ DeepSeek-V3 router bias moved before backward, Wav2Vec2-Conformer's BatchNorm.""
 from __future__ import annotations
 
 import gc
+import warnings
 import weakref
 
 import pytest
@@ -221,3 +222,222 @@ def test_assert_trains_like_eager_on_a_transformers_model():
     ours.train()
     tr_hf.enable(ours)
     assert_trains_like_eager(ours, ids, loss_fn, between=move_router_bias)
+
+
+# ------------------------------------------- the Trainer's own checkpointing on
+# Note [HF Trainer route] in torch_replay/integrations/transformers.py. The model writes
+# state in its forward that the forward reads (tests/hf_tiny.py): torch's re-run moves it
+# again, so transformers' own checkpointing differs from eager in parameters and buffers.
+
+
+def _stateful_data(n=4, seq=8):
+    gen = torch.Generator().manual_seed(11)
+    return [{"input_ids": (ids := torch.randint(0, 32, (seq,), generator=gen)), "labels": ids}
+            for _ in range(n)]  # fmt: skip
+
+
+class _Grads(transformers.TrainerCallback):
+    """Every gradient before each optimizer step."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.seen.append([p.grad.clone() for p in model.parameters()])
+
+
+def _train(route, tmp_path, *, checkpointing=True, trainer_kwargs=None, enable_kwargs=None):
+    """Two Trainer steps of the stateful model; ``route``: "eager" (no checkpointing),
+    "torch" (the Trainer's own), "before" / "after" (tr_hf.enable before / after the
+    Trainer is built), "callback" (tr_hf.trainer_callback()). Returns the training loss,
+    the gradients of each step, the parameters and buffers after, the segments run and
+    the model."""
+    from tests.hf_tiny import tiny_stateful_lm
+
+    model = tiny_stateful_lm()
+    grads = _Grads()
+    callbacks = [grads]
+    if route == "before":
+        tr_hf.enable(model, **(enable_kwargs or {}))
+    if route == "callback":
+        callbacks.append(tr_hf.trainer_callback(**(enable_kwargs or {})))
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / route), max_steps=2, per_device_train_batch_size=2,
+        gradient_checkpointing=checkpointing and route != "eager",
+        gradient_checkpointing_kwargs=trainer_kwargs, report_to=[], save_strategy="no",
+        logging_strategy="no", use_cpu=True, seed=0, dataloader_num_workers=0,
+        disable_tqdm=True,
+    )  # fmt: skip
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=_stateful_data(), callbacks=callbacks
+    )
+    if route == "after":
+        tr_hf.enable(model, **(enable_kwargs or {}))
+    with collect_transactions() as txns:
+        out = trainer.train()
+    params = [p.detach().clone() for p in model.parameters()]
+    buffers = [b.clone() for b in model.buffers()]
+    return out.training_loss, grads.seen, params, buffers, txns, model
+
+
+@pytest.fixture(scope="module")
+def trainer_references(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("references")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # bitwise: one reduction order (as the one_thread fixture)
+    try:
+        return {route: _train(route, tmp) for route in ("eager", "torch")}
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("route", ["before", "after", "callback"])
+def test_trainer_with_its_checkpointing_on_runs_torch_replay(
+    route, trainer_references, tmp_path, one_thread
+):
+    """TrainingArguments(gradient_checkpointing=True): the Trainer's own
+    activation_checkpointing_enable runs and torch_replay stays installed, whether enable
+    ran before or after the Trainer was built, or through the callback; two steps equal
+    eager bitwise (loss, every gradient of each step, parameters, buffers), where
+    transformers' own checkpointing does not."""
+    loss_e, grads_e, params_e, buffers_e, _, _ = trainer_references["eager"]
+    loss_t, grads_t, params_t, buffers_t, txns_t, _ = trainer_references["torch"]
+    assert len(txns_t) == 0
+    assert not all(torch.equal(a, b) for a, b in zip(buffers_t, buffers_e, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(params_t, params_e, strict=True))
+
+    loss, grads, params, buffers, txns, model = _train(route, tmp_path)
+    assert len(txns) == 2 * 2  # two layers, two steps: each layer ran through tr.checkpoint
+    assert loss == loss_e
+    assert len(grads) == len(grads_e) == 2
+    for step, step_e in zip(grads, grads_e, strict=True):
+        assert_bitwise(step, step_e)
+    assert_bitwise(params, params_e)
+    assert_bitwise(buffers, buffers_e)
+    assert all(m._gradient_checkpointing_func.func is tr.checkpoint for m in tr_hf.layers(model))
+
+
+def test_trainer_checkpointing_kwargs_reach_torch_replay(tmp_path):
+    """The Trainer's gradient_checkpointing_kwargs apply over enable's options: an engine
+    (replay_engine=) and transformers' every_n_layers."""
+    *_, txns, model = _train(
+        "before", tmp_path, trainer_kwargs={"replay_engine": "snapshot", "every_n_layers": 2}
+    )
+    assert [m.gradient_checkpointing for m in tr_hf.layers(model)] == [True, False]
+    assert len(txns) == 2 and {t.engine for t in txns} == {"snapshot"}
+    *_, txns, model = _train("callback", tmp_path, enable_kwargs={"replay_engine": "journal"})
+    assert len(txns) == 4 and {t.engine for t in txns} == {"journal"}
+
+
+def test_callback_checkpoints_with_the_trainer_checkpointing_off(
+    tmp_path, trainer_references, one_thread
+):
+    """The callback asks for checkpointing: with the Trainer's off it still runs
+    torch_replay on every layer, eager's result."""
+    loss_e, _, params_e, buffers_e, _, _ = trainer_references["eager"]
+    loss, _, params, buffers, txns, _ = _train("callback", tmp_path, checkpointing=False)
+    assert len(txns) == 4
+    assert loss == loss_e
+    assert_bitwise(params, params_e)
+    assert_bitwise(buffers, buffers_e)
+
+
+def test_a_function_installed_behind_enable_warns_once_naming_it():
+    """Something that sets torch's function on the layers behind enable's back (here
+    transformers' _set_gradient_checkpointing, called directly): the first training
+    forward warns once, naming what it found; nothing is said when ours is in place."""
+    from tests.hf_tiny import tiny_stateful_lm
+
+    model = tiny_stateful_lm()
+    tr_hf.enable(model)
+    ids = torch.randint(0, 32, (2, 8))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "torch_replay.integrations")  # ours: no warning
+        model(input_ids=ids)
+    model._set_gradient_checkpointing(enable=True)
+    with pytest.warns(UserWarning, match=r"torch\.utils\.checkpoint\.checkpoint.*not torch_replay"):
+        model(input_ids=ids)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", "torch_replay.integrations")  # once
+        model(input_ids=ids)
+
+
+def test_disable_gives_the_model_its_own_enable_back():
+    from tests.hf_tiny import tiny_stateful_lm
+
+    model = tiny_stateful_lm()
+    tr_hf.enable(model)
+    assert "activation_checkpointing_enable" in vars(model)
+    tr_hf.disable(model)
+    assert "activation_checkpointing_enable" not in vars(model)
+    assert not model._forward_pre_hooks
+    model.activation_checkpointing_enable()  # transformers' own again: torch's checkpoint
+    assert (
+        tr_hf.layers(model)[0]._gradient_checkpointing_func.func
+        is torch.utils.checkpoint.checkpoint
+    )
+
+
+def test_budget_plan_survives_the_trainer_enable(tmp_path):
+    """A plan's per-layer choice is installed again after the Trainer's enable; the
+    Trainer's every_n_layers cannot apply to chosen layers and is refused."""
+    from tests.hf_tiny import tiny_stateful_lm
+
+    model = tiny_stateful_lm()
+    tr_hf.checkpoint_layers(model, tr_hf.layers(model)[1:], replay_engine="snapshot")
+    model.activation_checkpointing_enable()  # as the Trainer calls it
+    assert [m.gradient_checkpointing for m in tr_hf.layers(model)] == [False, True]
+    assert (
+        tr_hf.layers(model)[1]._gradient_checkpointing_func.keywords["replay_engine"] == "snapshot"
+    )
+    with pytest.raises(TypeError, match="every_n_layers"):
+        model.activation_checkpointing_enable(every_n_layers=2)
+    with pytest.warns(UserWarning, match="selective=True"):  # TRL's key: not passed on
+        model.activation_checkpointing_enable({"selective": True})
+    assert "selective" not in tr_hf.layers(model)[1]._gradient_checkpointing_func.keywords
+
+
+def test_sft_trainer_default_checkpointing_runs_torch_replay(tmp_path, one_thread):
+    """TRL's SFTTrainer turns gradient_checkpointing on by default: with tr_hf.enable
+    before it, torch_replay runs each layer and two steps equal eager's parameters and
+    buffers (SFTTrainer without checkpointing), where TRL's default (torch's) does not."""
+    trl = pytest.importorskip("trl", reason="trl (requirements-dev.txt) is not installed")
+    datasets = pytest.importorskip("datasets", reason="datasets comes with trl")
+    import tokenizers
+    from tokenizers.models import WordLevel
+
+    from tests.hf_tiny import tiny_stateful_lm
+
+    vocab = {f"t{i}": i for i in range(32)}
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizers.Tokenizer(WordLevel(vocab, unk_token="t0")),
+        pad_token="t0", eos_token="t1",
+    )  # fmt: skip
+    rows = [{"input_ids": r["input_ids"].tolist()} for r in _stateful_data()]
+
+    def run(route):
+        model = tiny_stateful_lm()
+        if route == "tr":
+            tr_hf.enable(model)
+        config = trl.SFTConfig(
+            output_dir=str(tmp_path / route), max_steps=2, per_device_train_batch_size=2,
+            report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, bf16=False,
+            seed=0, dataloader_num_workers=0, disable_tqdm=True,
+            **({"gradient_checkpointing": False} if route == "eager" else {}),
+        )  # fmt: skip
+        assert config.gradient_checkpointing == (route != "eager")  # TRL's default: on
+        trainer = trl.SFTTrainer(
+            model=model, args=config, train_dataset=datasets.Dataset.from_list(rows),
+            processing_class=tokenizer,
+        )  # fmt: skip
+        with collect_transactions() as txns:
+            trainer.train()
+        return [p.detach().clone() for p in model.parameters()], list(model.buffers()), txns
+
+    params_e, buffers_e, _ = run("eager")
+    params_t, buffers_t, txns_t = run("torch")
+    params_r, buffers_r, txns_r = run("tr")
+    assert len(txns_t) == 0 and len(txns_r) == 4
+    assert not all(torch.equal(a, b) for a, b in zip(buffers_t, buffers_e, strict=True))
+    assert_bitwise(params_r, params_e)
+    assert_bitwise(buffers_r, buffers_e)

@@ -65,7 +65,11 @@ take keyword arguments (masks, position embeddings) and the model runs code betw
    :data:`~torch_replay.layer_order.TIME_TOLERANCE`
    (:func:`~torch_replay.layer_order.lean_options`). Times are the thread's
    CPU time when torch computes on one thread (``SegmentRunner.profile_step``), so
-   other processes on the machine do not decide between engines. Each journaled layer
+   other processes on the machine do not decide between engines. Before that, each
+   checkpointed option's time is raised to at least the keep option's time plus the
+   layer's forward (its re-run; Note [Re-run floor] in ``torch_replay/planner.py``), so
+   noise never makes a re-run look cheaper than keeping: with an ample budget every
+   layer keeps its activations. Each journaled layer
    pays its own log (the layers' declared states are their own). An infeasible budget
    raises :class:`~torch_replay.InfeasibleBudgetError` before anything is changed.
 
@@ -98,7 +102,7 @@ from .calibrate.fingerprint import (
 )
 from .errors import CostsMismatchError, InfeasibleBudgetError
 from .layer_order import TIME_TOLERANCE, lean_options, ordered_peak, plan_ordered
-from .planner import Option, Plan
+from .planner import Option, Plan, rerun_floor
 
 __all__ = [
     "LAYER_SCHEMA",
@@ -111,8 +115,9 @@ __all__ = [
     "step_loss",
 ]
 
-LAYER_SCHEMA = "torch_replay.layer_costs/2"
-"""Version tag of a layer costs file (2: outside bytes measured with gradients cleared)."""
+LAYER_SCHEMA = "torch_replay.layer_costs/3"
+"""Version tag of a layer costs file (2: outside bytes measured with gradients cleared;
+3: each group's ``forward``, the keep option's forward time, for the re-run floor)."""
 
 
 _CACHE_KEYWORDS = {"use_cache": False, "past_key_values": None, "layer_past": None}
@@ -353,8 +358,10 @@ def _calibrate_groups(
             doc = calibrate_model([bound], x, state=state, **kw)
         runs = [r for r in doc["model"]["options"].values() if r.get("written_bytes")]
         written = max((r["written_bytes"][0] for r in runs), default=None)
+        forward = doc["model"].get("eager_forward")
         out.append(
-            {"options": doc["model"]["segments"][0], "config": doc["config"]} | {"written": written}
+            {"options": doc["model"]["segments"][0], "config": doc["config"]}
+            | {"written": written, "forward": forward[0] if forward else None}
         )
     return out
 
@@ -424,6 +431,13 @@ _RECALIBRATE = (
 
 def _read_costs(costs: Any, model, names, prints) -> Mapping[str, Any]:
     doc, source = read_costs(costs, what="layer costs", remedy=_RECALIBRATE)
+    schema = str(doc.get("schema"))
+    if schema != LAYER_SCHEMA and schema.startswith(LAYER_SCHEMA.rsplit("/", 1)[0] + "/"):
+        raise ValueError(
+            f"{source} are layer costs of another version ({schema}, this torch_replay "
+            f"reads {LAYER_SCHEMA}: each layer's forward time for the re-run floor). "
+            f"{_RECALIBRATE}"
+        )
     if doc.get("schema") != LAYER_SCHEMA:
         raise ValueError(
             f"{source} is not a {LAYER_SCHEMA} document (schema={doc.get('schema')!r}): "
@@ -564,7 +578,7 @@ def plan_layers(
         Path(out).write_text(json.dumps(doc, indent=1) + "\n")
     options = [
         lean_options(
-            [Option(**o) for o in doc["groups"][g]["options"]],
+            _floored(doc["groups"][g], names[groups.index(g)]),
             unwritten=doc["groups"][g].get("written") == 0,
         )
         for g in groups
@@ -611,6 +625,21 @@ def _layer_grads(layers: Sequence[torch.nn.Module]) -> list[int]:
     return [
         sum(p.numel() * p.element_size() for p in m.parameters() if p.requires_grad) for m in layers
     ]
+
+
+def _floored(group: Mapping[str, Any], name: str) -> list[Option]:
+    """A group's options with the re-run floor (Note [Re-run floor] in
+    ``torch_replay/planner.py``): with an ample budget every layer keeps its
+    activations, whatever noise the calibrated times carry."""
+    options = [Option(**o) for o in group["options"]]
+    _eager(group["options"], name)  # the floor needs the keep option
+    forward = group.get("forward")
+    if forward is None:
+        raise ValueError(
+            f"layer {name}: its costs have no forward time of the keep option (the "
+            f"re-run floor needs it). {_RECALIBRATE}"
+        )
+    return rerun_floor(options, forward)
 
 
 def _eager(options: Sequence[Mapping[str, Any]], name: str) -> Option:

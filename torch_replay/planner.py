@@ -51,7 +51,7 @@ import math
 import operator
 import time as _time
 from collections.abc import Sequence
-from dataclasses import KW_ONLY, dataclass, field
+from dataclasses import KW_ONLY, dataclass, field, replace
 
 from torch_replay._ext import engine_names
 from torch_replay.errors import InfeasibleBudgetError
@@ -59,6 +59,7 @@ from torch_replay.errors import InfeasibleBudgetError
 __all__ = [
     "OPTION_NAMES",
     "OBJECTIVES",
+    "RERUN_FLOOR_MIN_S",
     "Option",
     "Plan",
     "PlanPrediction",
@@ -66,6 +67,7 @@ __all__ = [
     "charged_retained",
     "plan",
     "plan_peak",
+    "rerun_floor",
 ]
 
 OPTION_NAMES: tuple[str, ...] = ("eager", *(e for e in engine_names() if e != "auto"))
@@ -152,6 +154,49 @@ class Option:
             f"{_mib(self.transient)} MiB, time {self.time:.4g}"
         )
         return text + (f" (preserved {_mib(self.preserved)} MiB)" if self.preserved else "")
+
+
+RERUN_FLOOR_MIN_S = 1e-9
+"""The least time a re-run adds (seconds), for a forward too short for the clock."""
+
+
+def rerun_floor(options: Sequence[Option], eager_forward: float) -> list[Option]:
+    """One segment's options with each checkpointed option's time raised to at least
+    the kept option's time plus the segment's forward: its re-run.
+
+    Note [Re-run floor]
+    A checkpointed option runs the segment's forward, its backward and its forward once
+    more (the re-run), so it can never take less time than keeping the activations
+    (``eager``: the forward and the backward) plus that forward. Calibrated times are
+    medians of a few noisy steps, each option measured in its own run: on a loaded
+    machine a checkpointed option can measure below ``eager``, and a planner that
+    believed it would checkpoint layers at any budget (even 1 TiB). So the floor is
+    applied by construction wherever measured costs become options: the calibration's
+    ``segments`` (``measure_segments``), a layer plan's groups
+    (``torch_replay.layer_budget.plan_layers``, also for a costs file given back) and
+    ``torch_replay.calibrate.load_costs``. The forward is ``eager``'s own measured
+    forward (at least :data:`RERUN_FLOOR_MIN_S`), so with an ample budget keeping every
+    segment is strictly the fastest plan. A measured time above the floor is kept. The
+    planners themselves take options as given (hand-written costs can say anything).
+
+    Args:
+        options: the segment's options; without ``eager`` they are returned unchanged.
+        eager_forward: the segment's forward time with ``eager`` (the unit of ``time``).
+
+    Returns:
+        The options, in their order (``eager`` and those above the floor unchanged).
+
+    Raises:
+        ValueError: ``eager_forward`` is negative or not finite.
+    """
+    forward = float(eager_forward)
+    if not math.isfinite(forward) or forward < 0:
+        raise ValueError(f"eager_forward must be finite and >= 0, got {eager_forward!r}")
+    kept = next((o for o in options if o.name == "eager"), None)
+    if kept is None:
+        return list(options)
+    floor = kept.time + max(forward, RERUN_FLOOR_MIN_S)
+    return [o if o.name == "eager" or o.time >= floor else replace(o, time=floor) for o in options]
 
 
 def _mib(n: int) -> str:

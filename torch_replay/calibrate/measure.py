@@ -14,7 +14,7 @@ from .._runner import SegmentRunner
 from .._segment import _state_tensors
 from ..errors import ReplayError
 from ..kernel_timing import time_kernels
-from ..planner import OPTION_NAMES, Option, plan_peak
+from ..planner import OPTION_NAMES, Option, plan_peak, rerun_floor
 from .config import CalibrationConfig, ConfigError
 from .fingerprint import _record_inputs, model_fingerprint
 from .workloads import BufferSegment, Workload, shape_workload
@@ -117,8 +117,11 @@ def measure_segments(
         ``{"persistent": int, "options": {name: {...}}, "segments": [[option
         dicts]], "fingerprint": {...}}``: per option the step time, the physical and tracked peaks
         and the per-segment costs (or ``valid: False`` with the reason), and
-        per segment its list of valid options as :class:`Option` fields; the
-        fingerprint of the segments and of each segment's input (see
+        per segment its list of valid options as :class:`Option` fields, each
+        checkpointed option's time at least ``eager``'s plus the segment's forward
+        (Note [Re-run floor] in ``torch_replay/planner.py``; the measured times stay in
+        ``options``); with ``eager``, ``eager_forward`` (its forward time per segment);
+        the fingerprint of the segments and of each segment's input (see
         :func:`model_fingerprint`).
     """
     n = len(workload.segments)
@@ -159,12 +162,24 @@ def measure_segments(
                 guard["reason"][i] = res["reason"]
             tick(f"guard {i}")
         per_option["guard"] = guard
+    eager = per_option.get("eager", {})
+    forward = eager.get("forward") if eager.get("valid") else None
+    segments = [
+        [dict(name=k, **v) for k, v in opts.items() if k in OPTION_NAMES] for opts in seg_opts
+    ]
+    if forward is not None:  # Note [Re-run floor] in torch_replay/planner.py
+        segments = [
+            [
+                dict(o, time=f.time)
+                for o, f in zip(seg, rerun_floor([Option(**o) for o in seg], fwd), strict=True)
+            ]
+            for seg, fwd in zip(segments, forward, strict=True)
+        ]
     return {
         "persistent": persistent,
         "options": per_option,
-        "segments": [
-            [dict(name=k, **v) for k, v in opts.items() if k in OPTION_NAMES] for opts in seg_opts
-        ],
+        "segments": segments,
+        **({"eager_forward": forward} if forward is not None else {}),
         "fingerprint": model_fingerprint(workload.segments, inputs),
     }
 
@@ -191,6 +206,7 @@ def _measure_choices(
     snapshot = [t.detach().clone() for t in kept]
     physical = PhysicalPeak(device)
     times: list[list[float]] = [[] for _ in choices]
+    forwards: list[list[float]] = [[] for _ in choices]
     steps: list[float] = []
     cpu: list[float] = []  # process CPU time: robust to a shared machine with one thread
     try:
@@ -209,6 +225,7 @@ def _measure_choices(
             cpu.append(time.process_time() - c0)
             for i, p in enumerate(profs):
                 times[i].append(p.forward_s + p.backward_s)
+                forwards[i].append(p.forward_s)
         phys = physical.peak()
         kernel = None
         if device == "cuda":  # device time of one step from CUPTI (torch_replay.kernel_timing)
@@ -255,6 +272,7 @@ def _measure_choices(
         "written_bytes": [int(p.written_bytes) for p in report.segments],
         "replay_transient_bytes": [int(p.replay_transient_bytes) for p in report.segments],
         "segments": segments,
+        "forward": [float(statistics.median(f)) for f in forwards],
     }
 
 

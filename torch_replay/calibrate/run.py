@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..planner import OPTION_NAMES, Option
+from ..planner import OPTION_NAMES, Option, rerun_floor
 from .config import _MIB, SCHEMA, CalibrationConfig, ConfigError, load_config
 from .fingerprint import Kept, machine_info
 from .measure import (
@@ -132,7 +132,9 @@ def load_costs(
         shape: index of the grid shape (``section="grid"``).
 
     Returns:
-        One list of :class:`Option` per segment (valid options only).
+        One list of :class:`Option` per segment (valid options only), with the
+        re-run floor where the document has ``eager_forward`` (Note [Re-run floor] in
+        ``torch_replay/planner.py``).
 
     Raises:
         ValueError: wrong schema, missing section, or another number of segments.
@@ -153,6 +155,9 @@ def load_costs(
     else:
         raise ValueError(f"section must be 'model' or 'grid', got {section!r}")
     out = [[Option(**o) for o in seg] for seg in entry["segments"]]
+    forward = entry.get("eager_forward")
+    if forward is not None:  # Note [Re-run floor] in torch_replay/planner.py
+        out = [rerun_floor(seg, f) for seg, f in zip(out, forward, strict=True)]
     if segments is not None and len(out) != segments:
         raise ValueError(f"the costs describe {len(out)} segments, expected {segments}")
     return out

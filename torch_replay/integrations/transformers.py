@@ -20,13 +20,40 @@ function it installed on each layer with ``tr.checkpoint`` bound to that layer's
 options. The layer's forward takes ``**kwargs``, so torch_replay's options are spelled
 ``replay_state=`` / ``replay_engine=`` (Note [Option spelling] in ``checkpoint.py``).
 :func:`disable` is the model's ``activation_checkpointing_disable``.
+
+Note [HF Trainer route]
+``Trainer.train()`` (and TRL's ``SFTTrainer``, whose ``gradient_checkpointing`` is on by
+default) calls ``model.activation_checkpointing_enable(activation_checkpointing_kwargs=,
+every_n_layers=, offload=)`` when ``TrainingArguments(gradient_checkpointing=True)``,
+which installs torch's checkpoint on every layer again. transformers looks that method up
+on the instance (``hasattr``), and its own ``gradient_checkpointing_enable`` alias and
+``_is_overridden`` treat a function set on the instance as the model's entry point (TRL's
+selective checkpointing wraps the instance's method the same way). So :func:`enable`
+records what it was asked (a :class:`_Setting` on the model) and sets the instance's
+``activation_checkpointing_enable`` to :class:`_EnableAgain`, which calls the method it
+replaced (transformers' flags, the input-grad hook, any wrapper) and then installs
+``tr.checkpoint`` again, with the call's ``every_n_layers`` / ``offload`` /
+``activation_checkpointing_kwargs`` over the recorded options wherever they differ from
+transformers' defaults (1, ``False``, none): ``gradient_checkpointing_kwargs=
+{"replay_engine": "journal"}`` in ``TrainingArguments`` selects an engine. Nothing of
+transformers is patched globally; :func:`disable` removes both.
+
+Order-free route: :func:`trainer_callback` runs :func:`enable` at ``on_train_begin``,
+after the Trainer's own enable, with the Trainer's ``activation_checkpointing_kwargs``.
+
+Anything that still installs another function on a layer (``_set_gradient_checkpointing``
+called directly, a model object the Trainer made itself) is caught by a forward pre-hook
+on the model: the first training forward that finds a checkpointed layer without
+``tr.checkpoint`` warns once, naming the function it found.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,10 +66,12 @@ from ..wrapper import resolve_state
 if TYPE_CHECKING:
     from ..layer_budget import LayerPlan
 
-__all__ = ["checkpoint_layers", "disable", "enable", "layers"]
+__all__ = ["checkpoint_layers", "disable", "enable", "layers", "trainer_callback"]
 
 _FUNCTION = "_gradient_checkpointing_func"  # what GradientCheckpointingLayer.forward calls
 _REFUSED = ("state", "engine", "gradient_checkpointing_func")
+_SETTING = "_torch_replay_setting"  # the model's _Setting (Note [HF Trainer route])
+_ENTRY = "activation_checkpointing_enable"  # what the Trainer calls on the model
 
 
 def _gradient_checkpointing_layer() -> type:
@@ -93,13 +122,17 @@ def _layer_function(layer, *, use_reentrant, replay_state, replay_engine, offloa
     )
 
 
-def _check(model: torch.nn.Module, kwargs: dict[str, Any]) -> list[torch.nn.Module]:
+def _check_names(kwargs: Mapping[str, Any]) -> None:
     for name in _REFUSED:
         if name in kwargs:
             hint = {"state": "replay_state=", "engine": "replay_engine="}.get(
                 name, "nothing: the checkpoint function is torch_replay.checkpoint"
             )
             raise TypeError(f"torch_replay.integrations.transformers: {name}= is not taken; {hint}")
+
+
+def _check(model: torch.nn.Module, kwargs: Mapping[str, Any]) -> list[torch.nn.Module]:
+    _check_names(kwargs)
     found = layers(model)
     if found and _FUNCTION not in type(found[0]).forward.__code__.co_names:
         raise UnsupportedReplayError(
@@ -120,6 +153,150 @@ def _check(model: torch.nn.Module, kwargs: dict[str, Any]) -> list[torch.nn.Modu
     return found
 
 
+def _is_ours(function: Any) -> bool:
+    return getattr(function, "func", None) in (checkpoint, _with_offload)
+
+
+def _describe(function: Any) -> str:
+    """A layer's checkpoint function as a reader knows it (module.name(keywords))."""
+    inner = getattr(function, "func", function)
+    name = f"{getattr(inner, '__module__', '?')}.{getattr(inner, '__qualname__', repr(inner))}"
+    keywords = getattr(function, "keywords", None)
+    if keywords:
+        name += "(" + ", ".join(f"{k}={v!r}" for k, v in keywords.items()) + ")"
+    return name
+
+
+@dataclass(kw_only=True, slots=True)
+class _Setting:
+    """What :func:`enable` / :func:`checkpoint_layers` were asked on one model, installed
+    again after each later call of the model's ``activation_checkpointing_enable``
+    (Note [HF Trainer route]); owned by the model (an attribute of the instance)."""
+
+    options: dict[str, Any]
+    """``use_reentrant``, ``replay_state``, ``replay_engine``, ``offload`` and the other
+    keywords of ``tr.checkpoint``."""
+    every_n_layers: int | None
+    """The stride (transformers' count), or None where :attr:`engines` says per layer."""
+    engines: list[str | None] | None
+    """Per layer of :func:`layers`: None (kept) or its engine (a plan, chosen layers)."""
+    original: Callable[..., Any]
+    """The model's ``activation_checkpointing_enable`` before :class:`_EnableAgain`."""
+    hook: Any = None
+    """The handle of the forward pre-hook that looks for a replaced function."""
+    warned: bool = False
+    """The pre-hook warned already (once per model)."""
+    layers: list[torch.nn.Module] = field(default_factory=list)
+    """The layers last installed."""
+
+
+class _EnableAgain:
+    """The instance's ``activation_checkpointing_enable`` after :func:`enable`: the
+    method it replaced, then ``tr.checkpoint`` installed again (Note [HF Trainer route]).
+    Same parameters as transformers' method."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+
+    def __call__(
+        self,
+        activation_checkpointing_kwargs: Mapping[str, Any] | None = None,
+        every_n_layers: int = 1,
+        offload: bool = False,
+    ) -> None:
+        model = self.model
+        setting: _Setting = vars(model)[_SETTING]
+        kwargs = dict(activation_checkpointing_kwargs or {})
+        if kwargs.pop("selective", False):  # TRL's key for its own selective checkpointing
+            warnings.warn(
+                "torch_replay.integrations.transformers: selective=True (TRL's selective "
+                "activation checkpointing) is not applied: torch_replay re-runs whole "
+                "layers. Drop it from gradient_checkpointing_kwargs, or tr_hf.disable(model) "
+                "to use TRL's.",
+                UserWarning,
+                stacklevel=2,
+            )
+        found = _check(model, kwargs)
+        options = {**setting.options, **kwargs}
+        options["offload"] = bool(options["offload"] or offload)
+        stride = setting.every_n_layers
+        if every_n_layers != 1:
+            if setting.engines is not None:
+                raise TypeError(
+                    "torch_replay.integrations.transformers: this model's layers were chosen "
+                    "(tr_hf.enable(budget=) or checkpoint_layers), so every_n_layers="
+                    f"{every_n_layers} of activation_checkpointing_enable (the Trainer's "
+                    "activation_checkpointing_kwargs) cannot apply; drop it. The model was "
+                    "not changed."
+                )
+            if every_n_layers < 1:
+                raise ValueError(f"every_n_layers must be at least 1, got {every_n_layers}")
+            stride = every_n_layers
+        resolve_state(options["replay_state"], found[0], "layer")  # before changing
+        setting.options, setting.every_n_layers = options, stride
+        _install(model, setting)
+
+
+def _install(model: torch.nn.Module, setting: _Setting) -> None:
+    """The model's own enable (flags, input-grad hook), then ``tr.checkpoint`` on each
+    layer as ``setting`` says; attaches ``setting`` to the model."""
+    found = layers(model)
+    options = setting.options
+    engine = options["replay_engine"]
+    if setting.engines is not None:
+        engines = setting.engines
+    else:
+        n = setting.every_n_layers
+        engines = [engine if i % n == 0 else None for i in range(len(found))]
+    setting.original(activation_checkpointing_kwargs={"use_reentrant": options["use_reentrant"]})
+    for layer, chosen in zip(found, engines, strict=True):
+        layer.gradient_checkpointing = chosen is not None
+        layer._gradient_checkpointing_func = _layer_function(
+            layer, **{**options, "replay_engine": chosen or engine}
+        )
+    setting.layers = found
+    previous = vars(model).get(_SETTING)
+    if previous is not setting:
+        if previous is not None and previous.hook is not None:
+            previous.hook.remove()
+        setting.hook = model.register_forward_pre_hook(_watch)
+        vars(model)[_SETTING] = setting
+        vars(model)[_ENTRY] = _EnableAgain(model)
+
+
+def _setting(model: torch.nn.Module, **fields: Any) -> _Setting:
+    """A new setting of ``model``, keeping the method :class:`_EnableAgain` replaced."""
+    previous = vars(model).get(_SETTING)
+    original = previous.original if previous is not None else getattr(model, _ENTRY)
+    return _Setting(original=original, **fields)
+
+
+def _watch(model: torch.nn.Module, args: Any) -> None:
+    """Forward pre-hook: warn once if a checkpointed layer runs another function."""
+    if torch.compiler.is_compiling():
+        return
+    setting = vars(model).get(_SETTING)
+    if setting is None or setting.warned or not model.training:
+        return
+    for layer in setting.layers:
+        function = getattr(layer, _FUNCTION, None)
+        if layer.gradient_checkpointing and not _is_ours(function):
+            setting.warned = True
+            warnings.warn(
+                f"torch_replay.integrations.transformers: {type(layer).__name__} layers of "
+                f"{type(model).__name__} are checkpointed with {_describe(function)}, not "
+                "torch_replay.checkpoint: something installed it after tr_hf.enable (such "
+                "as the model's _set_gradient_checkpointing called directly). Call "
+                "tr_hf.enable(model) after it, or pass callbacks=[tr_hf.trainer_callback()] "
+                "to the Trainer.",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
+
+
 def checkpoint_layers(
     model: torch.nn.Module,
     chosen: Iterable[torch.nn.Module],
@@ -137,6 +314,9 @@ def checkpoint_layers(
     Turns transformers' checkpointing on through the model's own
     ``activation_checkpointing_enable`` (its flags on the other modules, the input-grad
     hook), then sets each layer's flag and function (Note [HF checkpointing mechanism]).
+    A later call of the model's ``activation_checkpointing_enable`` (``Trainer.train()``
+    with ``gradient_checkpointing=True``) installs the same layers again (Note [HF
+    Trainer route]).
 
     Args:
         model: a transformers model.
@@ -166,19 +346,10 @@ def checkpoint_layers(
             f"{type(model).__name__}; pick them from torch_replay.integrations."
             "transformers.layers(model). The model was not changed."
         )
-    model.activation_checkpointing_enable(
-        activation_checkpointing_kwargs={"use_reentrant": use_reentrant}
-    )
-    for layer in all_layers:
-        layer.gradient_checkpointing = id(layer) in picked
-        layer._gradient_checkpointing_func = _layer_function(
-            layer,
-            use_reentrant=use_reentrant,
-            replay_state=replay_state,
-            replay_engine=replay_engine,
-            offload=offload,
-            **checkpoint_kwargs,
-        )
+    engines = [replay_engine if id(m) in picked else None for m in all_layers]
+    options = dict(use_reentrant=use_reentrant, replay_state=replay_state, offload=offload)
+    options.update(replay_engine=replay_engine, **checkpoint_kwargs)
+    _install(model, _setting(model, options=options, every_n_layers=None, engines=engines))
 
 
 def enable(
@@ -203,6 +374,15 @@ def enable(
     checkpointing mechanism]): the same layers are checkpointed, the KV cache is dropped
     as transformers does, and each layer is declared state by default, so a router bias
     or BatchNorm statistics it holds are preserved for the re-run.
+
+    It stays on through the model's own ``activation_checkpointing_enable``: a
+    ``transformers.Trainer`` (or TRL's ``SFTTrainer``) with ``gradient_checkpointing=True``
+    built before or after this call installs ``tr.checkpoint`` again, with its
+    ``gradient_checkpointing_kwargs`` (``every_n_layers``, ``offload``, ``use_reentrant``,
+    ``replay_engine``, ...) over these options where they differ from transformers'
+    defaults (Note [HF Trainer route]). :func:`trainer_callback` needs no order at all.
+    If something installs another function on a checkpointed layer all the same, its
+    first training forward warns once, naming that function.
 
     Args:
         model: a transformers ``PreTrainedModel`` built on ``GradientCheckpointingLayer``.
@@ -273,13 +453,11 @@ def enable(
             raise TypeError(f"torch_replay.integrations.transformers: {name}= needs budget=")
     if every_n_layers < 1:
         raise ValueError(f"every_n_layers must be at least 1, got {every_n_layers}")
-    checkpoint_layers(
-        model,
-        layers(model)[::every_n_layers],  # transformers' count (_set_gradient_checkpointing)
-        replay_engine=replay_engine,
-        **options,
-        **checkpoint_kwargs,
-    )
+    found = _check(model, checkpoint_kwargs)
+    resolve_state(replay_state, found[0], "layer")  # refuse a bad value before changing
+    options.update(replay_engine=replay_engine, **checkpoint_kwargs)
+    # every n-th layer: transformers' count (_set_gradient_checkpointing)
+    _install(model, _setting(model, options=options, every_n_layers=every_n_layers, engines=None))
 
 
 @contextlib.contextmanager
@@ -325,19 +503,16 @@ def _enable_budget(model, budget, example_batch, plan_kw, engine, options, check
             engine=engine,
             **plan_kw,
         )
-    picked = [m for m, c in zip(found, chosen.choices, strict=True) if c != "eager"]
-    checkpoint_layers(model, picked, **options, **checkpoint_kwargs)
-    for layer, choice in zip(found, chosen.choices, strict=True):
-        if choice != "eager":
-            layer._gradient_checkpointing_func = _layer_function(
-                layer, replay_engine=choice, **options, **checkpoint_kwargs
-            )
+    engines = [None if c == "eager" else c for c in chosen.choices]
+    options = {**options, "replay_engine": engine, **checkpoint_kwargs}
+    _install(model, _setting(model, options=options, every_n_layers=None, engines=engines))
     return chosen
 
 
 def disable(model: torch.nn.Module) -> None:
     """Turn activation checkpointing off again (the model's
-    ``activation_checkpointing_disable``).
+    ``activation_checkpointing_disable``), and remove what :func:`enable` set on the
+    model (its ``activation_checkpointing_enable`` is transformers' again).
 
     Args:
         model: a transformers model.
@@ -345,4 +520,53 @@ def disable(model: torch.nn.Module) -> None:
     Returns:
         None.
     """
+    setting = vars(model).pop(_SETTING, None)
+    if setting is not None:
+        if setting.hook is not None:
+            setting.hook.remove()
+        if isinstance(vars(model).get(_ENTRY), _EnableAgain):
+            del vars(model)[_ENTRY]
     model.activation_checkpointing_disable()
+
+
+def trainer_callback(**options: Any) -> Any:
+    """A ``transformers.TrainerCallback`` that checkpoints the Trainer's model with
+    ``tr.checkpoint``, whatever the order of the calls: ``Trainer(...,
+    callbacks=[tr_hf.trainer_callback()])`` (also TRL's ``SFTTrainer``).
+
+    At ``on_train_begin`` (after the Trainer's own ``activation_checkpointing_enable``)
+    it calls :func:`enable` on the model with ``options``, then the model's
+    ``activation_checkpointing_enable`` with the Trainer's ``every_n_layers``, ``offload``
+    and ``activation_checkpointing_kwargs`` (Note [HF Trainer route]: those win where they
+    differ from transformers' defaults). With the Trainer's ``activation_checkpointing``
+    off, only :func:`enable` runs: the callback asks for checkpointing.
+
+    Args:
+        **options: keywords of :func:`enable` (``replay_engine=``, ``budget=`` with
+            ``example_batch=``, ...).
+
+    Returns:
+        The callback.
+
+    Raises:
+        ImportError: transformers is not installed.
+        TypeError: ``options`` has a keyword :func:`enable` refuses (checked here, before
+            training).
+    """
+    _check_names(options)
+    from transformers import TrainerCallback
+
+    class ReplayCallback(TrainerCallback):
+        """Runs ``tr_hf.enable`` on the Trainer's model at ``on_train_begin``."""
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            enable(model, **options)
+            if getattr(args, "activation_checkpointing", False):
+                trainer_kwargs = dict(getattr(args, "activation_checkpointing_kwargs", None) or {})
+                getattr(model, _ENTRY)(
+                    activation_checkpointing_kwargs=trainer_kwargs,
+                    every_n_layers=trainer_kwargs.pop("every_n_layers", 1),
+                    offload=trainer_kwargs.pop("offload", False),
+                )
+
+    return ReplayCallback()
