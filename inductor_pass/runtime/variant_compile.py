@@ -21,6 +21,7 @@ from inductor_pass.config import PassConfig
 from inductor_pass.observe import span
 from inductor_pass.runtime.state import HookState, collecting, detach
 from inductor_pass.stages import guard
+from inductor_pass.stages.observable import observable_node
 from inductor_pass.variants import fork, kernels
 from inductor_pass.variants.choose import Program, Variant, flipped_options, program_of
 
@@ -51,7 +52,7 @@ def compile_with_variants(gm: Any, example_inputs: Any, kw: dict[str, Any], stat
     config = state.config
     assert config is not None
     state.deferred, state.failed_variants = [], {}
-    options = _variant_options(example_inputs, config)
+    options = _variant_options(gm, example_inputs, config)
     forked: list[fork.Forked] = []
     made = Variants()
     try:
@@ -87,12 +88,15 @@ def copy_graph(gm: Any) -> Any:
         return copy.deepcopy(gm)
 
 
-def _variant_options(example_inputs, config: PassConfig) -> list[tuple[str, dict[str, bool]]]:
+def _variant_options(gm, example_inputs, config: PassConfig) -> list[tuple[str, dict[str, bool]]]:
     """``(name, Inductor config patch)`` of each variant to compile for this graph."""
     from torch._inductor import config as inductor_config
 
     if not (config.enabled and config.variants) or guard.symbolic_inputs(example_inputs):
         return []
+    with contextlib.suppress(Exception):  # variants are an option: compiled when unsure
+        if observable_node(gm) is not None:  # never run (Note [Observable calls])
+            return []
     if getattr(inductor_config, "cpp_wrapper", False):
         return []
     return flipped_options(config.variants)
