@@ -17,6 +17,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from inductor_pass.config import PassConfig
 from inductor_pass.observe import span
 from inductor_pass.runtime.state import HookState, collecting, detach
@@ -80,12 +82,20 @@ def copy_graph(gm: Any) -> Any:
     constant such as ``torch.tensor([1.0, 2.0])`` in the user's code is a
     ``_tensor_constant`` attribute), and copying one under the fake mode fails
     in ``aten.set_`` (its storage is not on the ``meta`` device), after
-    ``FakeTensorMode`` has logged the failure at ERROR level.
+    ``FakeTensorMode`` has logged the failure at ERROR level. A frozen graph's
+    mkldnn constants are shared, not copied (``deepcopy`` cannot copy them).
     """
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    # Opaque constants (a frozen graph's prepacked weights) cannot be copied, and need not
+    # be: the copy shares them, read only, as the default program does (Note [Opaque tensors]).
+    memo: dict[int, Any] = {}
+    for module in gm.modules():
+        for value in (*vars(module).values(), *module._buffers.values()):
+            if isinstance(value, torch.Tensor) and guard.is_opaque(value):
+                memo[id(value)] = value
     with unset_fake_temporarily():
-        return copy.deepcopy(gm)
+        return copy.deepcopy(gm, memo)
 
 
 def _variant_options(gm, example_inputs, config: PassConfig) -> list[tuple[str, dict[str, bool]]]:
