@@ -15,7 +15,8 @@ only the rooms above it, and ``config``, ``report`` and ``observe``):
   memory (units, storages, dependences, emission), ``permute`` searches orders,
   ``recompute_program`` rewrites it for recomputation.
 - ``stages/``: what the pass does to one program at its first call. ``rewrite``
-  runs the stages in order: ``effects`` (the effect check) and ``profile`` (the
+  runs the stages in order: ``observable`` (programs never run: Note [Observable
+  calls]), ``effects`` (the effect check) and ``profile`` (the
   byte-exact model), ``search`` (order, bounds, certificate), ``decide`` (the
   deploy rule), and ``recompute`` / ``recompute_choice`` when asked; ``guard``
   runs and measures programs for all of them.

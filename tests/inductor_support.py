@@ -23,6 +23,7 @@ from .installed import subprocess_env
 __all__ = [
     "Branchy",
     "ConvNet",
+    "FrozenBranchy",
     "Mixer",
     "SegmentNet",
     "Summed",
@@ -135,6 +136,31 @@ class Branchy(nn.Module):
 
     def forward(self, x):
         return self.h(torch.relu(self.a(x))) * self.h(torch.tanh(self.b(x)))
+
+
+class FrozenBranchy(nn.Module):
+    """Three conv branches of different widths multiplied together: with
+    ``torch._inductor.config.freezing`` (weights prepacked into mkldnn tensors, each conv
+    and its activation one oneDNN call) Inductor's order is not the lowest."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.stem = nn.Conv2d(3, c, 3, padding=1)
+        self.a = nn.Conv2d(c, c, 3, padding=1)
+        self.b1 = nn.Conv2d(c, 2 * c, 3, padding=1)
+        self.b2 = nn.Conv2d(2 * c, 4 * c, 1)
+        self.b3 = nn.Conv2d(4 * c, c, 1)
+        self.c1 = nn.Conv2d(c, c // 4, 3, padding=1)
+        self.c2 = nn.Conv2d(c // 4, c, 1)
+        self.proj = nn.Conv2d(c, c, 1)
+        self.head = nn.Linear(c, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        a = self.a(x)
+        b = self.b3(torch.sigmoid(self.b2(torch.tanh(self.b1(x)))))
+        c = self.c2(torch.tanh(self.c1(x)))
+        return self.head(self.proj(a * b * c).mean((2, 3)))
 
 
 class Summed(nn.Module):

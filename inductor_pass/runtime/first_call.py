@@ -5,12 +5,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from inductor_pass.config import PassConfig
 from inductor_pass.observe import notify, span
 from inductor_pass.report import GraphReport, failed, record
 from inductor_pass.runtime import decision_cache
 from inductor_pass.runtime.salt import pass_uuid
 from inductor_pass.stages import guard
+from inductor_pass.stages.observable import observable_call
 from inductor_pass.stages.rewrite import optimize_wrapper, resolver
 from inductor_pass.variants import bound, choose
 from inductor_pass.variants.choose import Program, Variant
@@ -34,7 +37,10 @@ class FirstCallPass:
     in ``inductor_pass/stages/guard.py``). The first call itself runs the original
     program after the pass's own runs on copies; later calls run the permuted
     program when it was deployed. The report is recorded at the first call.
-    Any exception inside the pass leaves the original program.
+    Any exception inside the pass leaves the original program. A program whose
+    extra runs would be observable (collectives, operators with side effects)
+    never runs inside the pass: Note [Observable calls] in
+    ``inductor_pass/stages/observable.py``.
     """
 
     def __init__(self, program: Program, kind: str, config: PassConfig) -> None:
@@ -112,9 +118,19 @@ class FirstCallPass:
                 order=rep.permuted_order if new_call is not None else None,
             )
 
+        t0 = time.perf_counter()
+        observable = observable_call(source, resolver(glob or {}))
+        if observable is not None:  # Note [Observable calls]: no program or variant runs
+            rep = GraphReport(
+                kind=kind, original_source=source, reason="left unchanged: " + observable
+            )
+            devices = {x.device.type for x in args if isinstance(x, torch.Tensor)}
+            rep.device = ",".join(sorted(devices)) or rep.device
+            rep.num_inputs = sum(isinstance(x, torch.Tensor) for x in args)
+            rep.pass_seconds = time.perf_counter() - t0
+            return rep, {"variant": "default", "order": None}
         if not self.variants and config.variants:
             self._load_variants(source, config)
-        t0 = time.perf_counter()
         kept: dict[str, Any] = {}
         cands = [candidate("default", source, glob, self.impl, partitions, kept)]
         rep = cands[0].report

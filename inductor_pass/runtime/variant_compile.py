@@ -17,10 +17,13 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from inductor_pass.config import PassConfig
 from inductor_pass.observe import span
 from inductor_pass.runtime.state import HookState, collecting, detach
 from inductor_pass.stages import guard
+from inductor_pass.stages.observable import observable_node
 from inductor_pass.variants import fork, kernels
 from inductor_pass.variants.choose import Program, Variant, flipped_options, program_of
 
@@ -51,7 +54,7 @@ def compile_with_variants(gm: Any, example_inputs: Any, kw: dict[str, Any], stat
     config = state.config
     assert config is not None
     state.deferred, state.failed_variants = [], {}
-    options = _variant_options(example_inputs, config)
+    options = _variant_options(gm, example_inputs, config)
     forked: list[fork.Forked] = []
     made = Variants()
     try:
@@ -79,20 +82,31 @@ def copy_graph(gm: Any) -> Any:
     constant such as ``torch.tensor([1.0, 2.0])`` in the user's code is a
     ``_tensor_constant`` attribute), and copying one under the fake mode fails
     in ``aten.set_`` (its storage is not on the ``meta`` device), after
-    ``FakeTensorMode`` has logged the failure at ERROR level.
+    ``FakeTensorMode`` has logged the failure at ERROR level. A frozen graph's
+    mkldnn constants are shared, not copied (``deepcopy`` cannot copy them).
     """
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    # Opaque constants (a frozen graph's prepacked weights) cannot be copied, and need not
+    # be: the copy shares them, read only, as the default program does (Note [Opaque tensors]).
+    memo: dict[int, Any] = {}
+    for module in gm.modules():
+        for value in (*vars(module).values(), *module._buffers.values()):
+            if isinstance(value, torch.Tensor) and guard.is_opaque(value):
+                memo[id(value)] = value
     with unset_fake_temporarily():
-        return copy.deepcopy(gm)
+        return copy.deepcopy(gm, memo)
 
 
-def _variant_options(example_inputs, config: PassConfig) -> list[tuple[str, dict[str, bool]]]:
+def _variant_options(gm, example_inputs, config: PassConfig) -> list[tuple[str, dict[str, bool]]]:
     """``(name, Inductor config patch)`` of each variant to compile for this graph."""
     from torch._inductor import config as inductor_config
 
     if not (config.enabled and config.variants) or guard.symbolic_inputs(example_inputs):
         return []
+    with contextlib.suppress(Exception):  # variants are an option: compiled when unsure
+        if observable_node(gm) is not None:  # never run (Note [Observable calls])
+            return []
     if getattr(inductor_config, "cpp_wrapper", False):
         return []
     return flipped_options(config.variants)

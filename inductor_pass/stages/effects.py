@@ -23,6 +23,8 @@ from inductor_pass.stages.guard import (
     bytes_view,
     clone_list,
     extension,
+    is_opaque,
+    opaque_nbytes,
     tensors_in,
     with_rng,
 )
@@ -170,9 +172,15 @@ def profile_effects(
     weak: dict[int, Any] = {}
     state: dict[str, Any] = {"snap": None, "prev": None}
 
-    def storages_of(value: Any) -> dict[int, torch.UntypedStorage]:
-        out: dict[int, torch.UntypedStorage] = {}
+    def storages_of(value: Any) -> dict[int, torch.UntypedStorage | None]:
+        out: dict[int, torch.UntypedStorage | None] = {}
         for t in tensors_in(value):
+            if is_opaque(t):  # Note [Opaque tensors]: keyed by its TensorImpl, never read
+                k = t._cdata
+                weak.setdefault(k, t)  # held: its address is not reused during the run
+                prof.sizes[k] = opaque_nbytes(t)
+                out[k] = None
+                continue
             st = t.untyped_storage()
             if st.nbytes() == 0:
                 continue
@@ -187,7 +195,7 @@ def profile_effects(
         bound = {n: scope[n] for n in per_pos[pos]}
         bound.update((n, base_globals[n]) for n in gnames)
         del scope
-        live: dict[int, torch.UntypedStorage] = {}
+        live: dict[int, torch.UntypedStorage | None] = {}
         for n, v in bound.items():
             sts = storages_of(v)
             ks = frozenset(sts)
@@ -202,7 +210,7 @@ def profile_effects(
 
         def digest(k: int) -> tuple[int, int]:
             if k not in cur:
-                cur[k] = storage_digest(live[k])
+                cur[k] = storage_digest(live[k])  # type: ignore[arg-type]
             return cur[k]
 
         if state["snap"] is not None:
@@ -214,12 +222,12 @@ def profile_effects(
             st = wrapper.region[order[pos]]
             names = reach.get(st.index)
             if names is None:  # unknown callee: any live storage (Note [Effect check scope])
-                watched = live
+                watched = {k: v for k, v in live.items() if v is not None}
             else:
                 watched = {}
                 for n in names:
                     for k in prof.name_storages.get(n, frozenset()):
-                        if k in live:
+                        if live.get(k) is not None:
                             watched[k] = live[k]
             state["snap"] = {k: digest(k) for k in watched}
             state["prev"] = order[pos]

@@ -65,6 +65,8 @@ __all__ = [
     "bytes_view",
     "clone_list",
     "extension",
+    "is_opaque",
+    "opaque_nbytes",
     "tensors_in",
     "with_rng",
 ]
@@ -243,6 +245,31 @@ def clone_list(inputs: Sequence[Any]) -> list[Any]:
     """Copies of ``inputs`` as a list (aliasing among them kept)."""
     got = _clone_inputs(inputs)
     return [got[i] for i in range(len(inputs))]
+
+
+def is_opaque(t: torch.Tensor) -> bool:
+    """Whether ``t`` has no storage to read (an mkldnn tensor, a sparse one).
+
+    Note [Opaque tensors]
+    With ``torch._inductor.config.freezing`` on CPU, Inductor prepacks the
+    weights of convolutions and linear layers into oneDNN's own layout: the
+    wrapper's ``_frozen_param`` constants are then mkldnn tensors
+    (``OpaqueTensorImpl``), whose ``untyped_storage()`` raises. The pass never
+    reads them: the effect profile keys such a tensor by its TensorImpl instead
+    of a storage, counts its bytes from its metadata (:func:`opaque_nbytes`),
+    and does not hash it (its writes are those the operators' schemas declare;
+    oneDNN's convolution and linear operators declare none). Such constants
+    are held by the module for the whole call, so they are external storages
+    that no order frees or counts; an opaque buffer the program itself made
+    would be counted by the counting allocator, and a byte count that differs
+    from the model's leaves the graph unchanged (the profile's check).
+    """
+    return t.layout != torch.strided
+
+
+def opaque_nbytes(t: torch.Tensor) -> int:
+    """The bytes of an opaque tensor's elements, from its metadata (nothing is read)."""
+    return t.numel() * t.element_size()
 
 
 def tensors_in(value: Any) -> list[torch.Tensor]:

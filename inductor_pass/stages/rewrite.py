@@ -24,6 +24,7 @@ from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
 from inductor_pass.report import GraphReport
 from inductor_pass.stages import guard
 from inductor_pass.stages.decide import decide
+from inductor_pass.stages.observable import observable_call
 from inductor_pass.stages.profile import profile_program
 from inductor_pass.stages.search import search_program
 
@@ -108,6 +109,9 @@ def optimize_wrapper(
     wrapper = parse_wrapper(source)
     rep.num_statements = len(wrapper.region)
     resolve = resolver(base_globals)
+    observable = observable_call(source, resolve)
+    if observable is not None:  # Note [Observable calls]: nothing runs
+        return done("left unchanged: " + observable)
     if original_call is None:
         original_call, _ = guard.build_call(source, base_globals, partitions=partitions)
 
