@@ -21,48 +21,19 @@ step of Python and allocator noise), a leak is a steady figure per segment and s
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
-import platform
 import resource
 import sys
 
 from .cli import add_out_quick, emit, results_markdown, run_module
+from .counters import heap_in_use
 
 LEVELS = ("reads", "preserve", "saved")
 MODELS = ("plain", "moco")
 BLOCKS = 4
 WIDTH = 32
 QUEUE = 64
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def heap_in_use() -> int:
-    """Bytes glibc has handed out and not had back (0 where the C library is not glibc)."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return 0
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
-    return int(info.uordblks + info.hblkhd)
 
 
 def rss_bytes() -> int:

@@ -1,5 +1,6 @@
 """What a step costs besides its instructions, counted inside the process: time in the
-cyclic garbage collector, time in the kernel, minor page faults.
+cyclic garbage collector, time in the kernel, minor page faults, and the heap glibc has
+handed out.
 
 Instruction counts (``perf_symbols --tool callgrind``) see neither the kernel's work
 (page faults, memory returned to the system and faulted back in) nor, over a window of a
@@ -9,11 +10,45 @@ variants' times differ by more than their instructions do.
 
 from __future__ import annotations
 
+import ctypes
 import gc
+import platform
 import resource
 import time
 
-__all__ = ["GCClock", "process_counters"]
+__all__ = ["GCClock", "GLIBC", "heap_in_use", "process_counters"]
+
+GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+"""Whether the C library is glibc (``heap_in_use`` reads its ``mallinfo2``)."""
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+def heap_in_use() -> int:
+    """Bytes glibc has handed out and not had back (heap and mapped blocks); 0 where the
+    C library is not glibc."""
+    if not GLIBC:
+        return 0
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = _MallInfo2
+    info = libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)
 
 
 class GCClock:

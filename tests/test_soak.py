@@ -9,13 +9,12 @@ every segment under ``detect="preserve"`` left one entry per fresh input storage
 from __future__ import annotations
 
 import json
-import platform
 
 import pytest
 
 from benchmarks.cli import run_module
+from benchmarks.counters import GLIBC
 
-GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 STEPS = 1000
 # A leak of one small heap block per segment and step is >= 4 * 32 bytes a step here;
 # Python's own noise over a thousand steps is well under a byte a step.

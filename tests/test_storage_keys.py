@@ -6,43 +6,13 @@ gradient is eager's)."""
 
 from __future__ import annotations
 
-import ctypes
-import platform
-
 import numpy as np
 import pytest
 import torch
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
-
-GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
-
-
-def _malloc_in_use() -> int:
-    """Bytes glibc has handed out and not had back (heap blocks and mapped ones)."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallinfo2.restype = _MallInfo2
-    info = libc.mallinfo2()
-    return info.uordblks + info.hblkhd
+from benchmarks.counters import GLIBC, heap_in_use
 
 
 def _growth_in_forward(checkpoint, steps: int) -> int:
@@ -51,12 +21,12 @@ def _growth_in_forward(checkpoint, steps: int) -> int:
     grown = []
 
     def segment(x):
-        before = _malloc_in_use()
+        before = heap_in_use()
         h = x
         for _ in range(steps):
             h = h + 1  # the previous h dies here
         if not grown:
-            grown.append(_malloc_in_use() - before)
+            grown.append(heap_in_use() - before)
         return h * x
 
     x = torch.randn(16, requires_grad=True)
