@@ -394,7 +394,13 @@ void Transaction::release() {
     write_watch_release();
     watching_writes_ = false;
   }
-  if (engine_ || reads_engine_) {
+  // Only a transaction that put keys in the registry (a journal segment's
+  // declared storages, preserved reads) can leave entries to prune.
+  const bool registered =
+      !preserved_.empty() ||
+      (!declared_.empty() &&
+       (requested_ == EngineKind::kJournal || requested_ == EngineKind::kAuto));
+  if (registered) {
     prune_journal_registry();
   }
   accounted_.clear();
