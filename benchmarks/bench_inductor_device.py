@@ -3,7 +3,7 @@
 On CUDA this is the pass's CUDA path: Triton kernels in the wrapper, the
 measured guard (``torch.cuda.max_memory_allocated`` of both programs, deployed
 only when lower and bitwise identical) and kernel times from CUPTI
-(``torch_replay/kernel_timing.py``). On CPU the same runs use the counting
+(``torch_replay/_planning/kernel_timing.py``). On CPU the same runs use the counting
 allocator's byte-exact guard, so ``scripts/gpu_check.sh --dry-run`` keeps this
 script working where no GPU exists.
 

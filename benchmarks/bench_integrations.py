@@ -10,7 +10,7 @@ for
 
 Step time: the median over interleaved rounds (each round runs every variant once, in a
 rotating order). Peak: the largest live bytes of the tensors the step creates (a
-dispatch-mode tracker, torch_replay._peak.LiveBytesTracker) plus the bytes the
+dispatch-mode tracker, torch_replay._planning.peak.LiveBytesTracker) plus the bytes the
 preservation engines hold in C++ (tr.engine_bytes), sampled after every operator, in a
 separate untimed step. Ratios are against ``torch`` and measured in the same run.
 
@@ -35,7 +35,7 @@ import torch
 import torch_replay as tr
 from benchmarks.cli import results_markdown
 from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
-from torch_replay._peak import LiveBytesTracker
+from torch_replay._planning.peak import LiveBytesTracker
 
 VARIANTS = ("none", "torch", "tr", "preserve")
 

@@ -145,7 +145,7 @@ def _stride_budget(free, k: int) -> int:
     """The predicted peak of transformers' ``every_n_layers=k`` layout (layer ``i``
     checkpointed when ``i % k == 0``) with each checkpointed layer's leanest engine:
     a budget at which our plan can do at least what that row does."""
-    from torch_replay.layer_order import ordered_peak
+    from torch_replay._planning.layer_order import ordered_peak
 
     chosen = []
     for i, opts in enumerate(free.layer_options):

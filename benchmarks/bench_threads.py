@@ -40,7 +40,7 @@ def child(mib: float, ratio: float, versions: int, threads: int, steps: int) -> 
     import torch
 
     from torch_replay import calibrate as cal
-    from torch_replay._runner import SegmentRunner
+    from torch_replay._planning.runner import SegmentRunner
 
     torch.set_num_threads(threads)
     w = cal.buffer_workload(

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import torch_replay as tr
-from torch_replay.checkpoint import collect_transactions
+from torch_replay._replay.segment import collect_transactions
 from torch_replay.integrations import transformers as tr_hf
 
 VOCAB = 64

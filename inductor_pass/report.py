@@ -61,7 +61,7 @@ class GraphReport:
     kernel_seconds: dict[str, object] = field(default_factory=dict)
     """CUDA guard: device time per run of the ``original`` and ``permuted`` programs and
     its ``source`` (``"cupti"`` when CUPTI records were read; see
-    ``torch_replay/kernel_timing.py``). Empty on CPU."""
+    ``torch_replay/_planning/kernel_timing.py``). Empty on CPU."""
     pass_seconds: float = 0.0
     """Wall-clock time of the pass at the first call (profiling, search and guard of every
     program run, the variant bounds and the choice)."""

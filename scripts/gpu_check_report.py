@@ -123,7 +123,7 @@ def cmd_probe(a: argparse.Namespace) -> int:
                     exports["PATH"] = f"{os.path.dirname(nvcc)}:$PATH"
         try:
             sys.path.insert(0, os.getcwd())
-            from torch_replay.kernel_timing import cupti_status
+            from torch_replay._planning.kernel_timing import cupti_status
 
             ok, why = cupti_status()
             info["cupti"] = {"available": ok, "why": why}

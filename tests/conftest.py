@@ -83,7 +83,7 @@ def no_decision_cache():
 @pytest.fixture(params=["c++", "python"])
 def observer(request):
     """Runs the test under each observer (Note [C++ observer]): the C++ one and its
-    reference, the TorchDispatchMode of torch_replay/_observe.py."""
+    reference, the TorchDispatchMode of torch_replay/_replay/observe.py."""
     import torch_replay as tr
 
     with tr.config.patch(observer=request.param):

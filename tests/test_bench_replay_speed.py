@@ -9,7 +9,7 @@ import torch
 import torch.utils.checkpoint as tcp
 
 from torch_replay._ext import require_extension
-from torch_replay._segment import collect_transactions
+from torch_replay._replay.segment import collect_transactions
 
 C = require_extension()
 

@@ -2,7 +2,7 @@
 captured variable) and the spelling of its options that works, also when the
 checkpointed function is a ``functools.partial`` (as Hugging Face's
 ``GradientCheckpointingLayer`` passes it), a bound method or a closure
-(Note [Naming in errors] in torch_replay/_naming.py). The advice is followed in each
+(Note [Naming in errors] in torch_replay/_replay/naming.py). The advice is followed in each
 test: the spelling the message gives runs and gives eager's gradient."""
 
 from __future__ import annotations

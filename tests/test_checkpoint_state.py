@@ -548,10 +548,10 @@ def test_declared_modules_are_collected_as_torchs_own_walk_lists_them(make):
     """state=[module] declares exactly module.named_buffers() then
     module.named_parameters() (torch's own methods are the reference), with their
     names, whatever the tree shares or overrides."""
-    from torch_replay._segment import _collect_state
+    from torch_replay._replay.segment import collect_state
 
     m = make()
-    tensors, names, _, _ = _collect_state([m], m)
+    tensors, names, _, _ = collect_state([m], m)
     want = [(n, "buffer", b) for n, b in m.named_buffers()]
     want += [(n, "parameter", p) for n, p in m.named_parameters()]
     assert [t is w for t, (_, _, w) in zip(tensors, want, strict=True)] == [True] * len(want)

@@ -1,5 +1,5 @@
 """tr.checkpoint inside torch.compile (Note [Checkpoint under torch.compile] in
-torch_replay/compiled.py): captured graphs, graph breaks and gradients against
+torch_replay/_replay/compiled.py): captured graphs, graph breaks and gradients against
 torch.utils.checkpoint on the same model; declared state, hidden buffers and
 random numbers against eager PyTorch or an independent reference."""
 
@@ -275,7 +275,7 @@ def test_swapped_torch_checkpoint_under_compile(monkeypatch):
 def test_declared_tensor_no_module_owns_falls_back_eagerly_with_warning():
     """A declared tensor the region cannot take as an input: the eager segment runs
     behind a graph break (saying so), and the replay contract holds."""
-    import torch_replay.compiled as compiled
+    import torch_replay._replay.compiled as compiled
 
     compiled._warned.clear()
     queue = torch.randn(16)

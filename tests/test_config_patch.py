@@ -138,7 +138,7 @@ def _observing() -> str:
     """Which observer the running code is under, asked of torch and the extension."""
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    from torch_replay._observe import DispatchModeObserver
+    from torch_replay._replay.observe import DispatchModeObserver
 
     if any(isinstance(m, DispatchModeObserver) for m in _get_current_dispatch_mode_stack()):
         return "python"

@@ -3,7 +3,7 @@
 torch.utils.checkpoint under the same sharding (bitwise), and eager PyTorch for
 a MoCo-style queue declared as state and for blocks that write their own state
 (BatchNorm, an EMA, MoE counts) in the README's FSDP2 recipe called from the root
-(Note [FSDP traffic] in torch_replay/fsdp.py).
+(Note [FSDP traffic] in torch_replay/_replay/fsdp.py).
 
 How a worker starts and ends, so that a loaded machine cannot fail it:
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import importlib
 import inspect
 import logging
 import warnings
@@ -64,9 +63,8 @@ _TORCH_2_14_REENTRANT_ERROR = (
 @pytest.fixture
 def torch_2_14(monkeypatch):
     """tr.checkpoint following torch 2.14.1's signature (Note [Drop-in signature])."""
-    from torch_replay import _drop_in
-
-    checkpoint_module = importlib.import_module("torch_replay.checkpoint")
+    from torch_replay._replay import api as checkpoint_module
+    from torch_replay._replay import drop_in as _drop_in
 
     drop_in = _drop_in.drop_in_of(_torch_2_14_checkpoint, "2.14.1")
     monkeypatch.setattr(checkpoint_module, "DROP_IN", drop_in)
@@ -179,9 +177,8 @@ def test_decorator_form_absent_where_torch_has_none():
 
 
 def test_an_option_torch_replay_does_not_implement_is_refused_unless_default(monkeypatch):
-    from torch_replay import _drop_in
-
-    checkpoint_module = importlib.import_module("torch_replay.checkpoint")
+    from torch_replay._replay import api as checkpoint_module
+    from torch_replay._replay import drop_in as _drop_in
 
     def future(function, *args, use_reentrant=None, new_option: str = "off", **kwargs): ...
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch_replay._C as C
 
-from torch_replay._segment import ENGINES
+from torch_replay import ENGINES
 from torch_replay.planner import OPTION_NAMES
 from torch_replay.verify.report import REFERENCE_ENGINES
 

@@ -25,7 +25,7 @@ from benchmarks.integrations_stacks import (  # noqa: E402
     move_router_bias,
 )
 from tests.reference import assert_bitwise  # noqa: E402
-from torch_replay.checkpoint import collect_transactions  # noqa: E402
+from torch_replay._replay.segment import collect_transactions  # noqa: E402
 from torch_replay.integrations import transformers as tr_hf  # noqa: E402
 
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4)

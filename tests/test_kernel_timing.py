@@ -1,4 +1,4 @@
-"""Kernel timing (torch_replay/kernel_timing.py): CUPTI on CUDA, wall time elsewhere."""
+"""Kernel timing (torch_replay/_planning/kernel_timing.py): CUPTI on CUDA, wall time elsewhere."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from torch_replay.kernel_timing import cupti_status, device_activity, time_kernels
+from torch_replay._planning.kernel_timing import cupti_status, device_activity, time_kernels
 
 from .conftest import DEVICES
 

@@ -28,7 +28,7 @@ import torch_replay as tr
 from benchmarks.models import PreNormBlock, ResBlock
 from tests.reference import assert_bitwise
 from torch_replay import layer_budget
-from torch_replay.layer_order import ordered_peak
+from torch_replay._planning.layer_order import ordered_peak
 from torch_replay.step_peak import measure_step
 
 MODEL_ERROR = 0.05
@@ -117,13 +117,13 @@ def test_plan_fits_the_budget_in_a_measured_training_step(tmp_path, one_thread):
 
 def test_identical_layers_are_calibrated_once(monkeypatch, one_thread):
     calls = []
-    real = layer_budget._calibrate_groups
+    real = layer_budget.calibrate_groups
 
     def counting(reps, *args):
         calls.append(len(reps))
         return real(reps, *args)
 
-    monkeypatch.setattr(layer_budget, "_calibrate_groups", counting)
+    monkeypatch.setattr(layer_budget, "calibrate_groups", counting)
     model = Net(widths=(32, 32, 48, 48))  # two 32-wide blocks, two 48-wide blocks
     plan = tr.apply_activation_checkpointing(
         model, budget=1 << 40, example_input=_x(), check_fn=_is_block, calibration=QUICK

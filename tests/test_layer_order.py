@@ -1,4 +1,4 @@
-"""The ordered layer planner (``torch_replay.layer_order``, Note [Ordered layer peak] in
+"""The ordered layer planner (``torch_replay._planning.layer_order``, Note [Ordered layer peak] in
 ``csrc/core/ordered_planner.h``) against every choice enumerated, with the peak written
 term by term, and against the quadratic dynamic program it replaces (frontier sizes,
 states generated and the plan returned, bit for bit)."""
@@ -11,7 +11,7 @@ import random
 import pytest
 
 import torch_replay as tr
-from torch_replay.layer_order import ordered_peak, plan_ordered
+from torch_replay._planning.layer_order import ordered_peak, plan_ordered
 
 
 def _formula_peak(chosen, grads, *, persistent=0, floor=0, head=0):

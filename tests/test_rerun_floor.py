@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_replay as tr
-from torch_replay.layer_order import plan_ordered
+from torch_replay._planning.layer_order import plan_ordered
 from torch_replay.planner import RERUN_FLOOR_MIN_S, rerun_floor
 
 TIB = 1 << 40

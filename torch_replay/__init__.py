@@ -8,16 +8,10 @@ torch_replay.calibrate`` runs its module only once.
 from __future__ import annotations
 
 from . import schedule
+from ._replay.api import checkpoint, checkpoint_sequential
+from ._replay.config import ENGINES, ReplayConfig, config
+from ._replay.segment import engine_bytes, heap_setting, last_transaction
 from .audit import audit
-from .checkpoint import (
-    ReplayConfig,
-    checkpoint,
-    checkpoint_sequential,
-    config,
-    engine_bytes,
-    heap_setting,
-    last_transaction,
-)
 from .errors import (
     CostsMismatchError,
     InfeasibleBudgetError,
@@ -34,6 +28,7 @@ from .wrapper import apply_activation_checkpointing, checkpoint_wrapper
 __version__ = "0.1.0"
 
 __all__ = [
+    "ENGINES",
     "CostsMismatchError",
     "InfeasibleBudgetError",
     "Option",

@@ -38,8 +38,8 @@ from typing import Any
 
 import torch
 
-from ._peak import LiveBytesTracker, PeakReport, SegmentProfile, static_bytes
-from ._runner import SegmentRunner, _check_choices
+from ._planning.peak import LiveBytesTracker, PeakReport, SegmentProfile, static_bytes
+from ._planning.runner import SegmentRunner, check_choices
 from .planner import OBJECTIVES, Option, Plan, plan, plan_peak
 
 __all__ = ["LiveBytesTracker", "PeakReport", "PlannedSequential", "SegmentProfile", "static_bytes"]
@@ -149,7 +149,7 @@ class PlannedSequential(SegmentRunner):
                 self._expected_input = first.get("input")
         self.plan: Plan | None = None
         if choices is not None:
-            self.choices = _check_choices(choices, n)
+            self.choices = check_choices(choices, n)
         elif self._auto:
             if budget is None:
                 raise ValueError("costs='auto' plans at the first call: give budget= too")

@@ -7,7 +7,7 @@
   model's parameters, buffers and gradients and of the optimizer's state, each counted
   until it is freed: ``zero_grad(set_to_none=True)`` frees the gradients) plus the peak,
   over the step, of the tensor storages its operators created and still alive
-  (:class:`~torch_replay._peak.LiveBytesTracker`, sampled after every operator) and the
+  (:class:`~torch_replay._planning.peak.LiveBytesTracker`, sampled after every operator) and the
   bytes the preservation engines hold in C++ (:func:`torch_replay.engine_bytes`, which
   no allocator statistic sees): Note [Measured peak] in ``planned.py``;
 * the physical peak: peak RSS above the RSS at the start (``/proc/self/status`` VmHWM,
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ._peak import LiveBytesTracker, static_bytes
-from ._segment import engine_bytes
+from ._planning.peak import LiveBytesTracker, static_bytes
+from ._replay.segment import engine_bytes
 
 __all__ = ["StepPeakReport", "measure_step"]
 

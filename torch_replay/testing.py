@@ -17,7 +17,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     ActivationWrapper,
 )
 
-from .checkpoint import checkpoint
+from ._replay.api import checkpoint
 
 __all__ = ["assert_trains_like_eager", "gradcheck_segment", "without_checkpointing"]
 

@@ -59,7 +59,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing as _torch_apply,
 )
 
-from .checkpoint import checkpoint
+from ._replay.api import checkpoint
 from .errors import UnsupportedReplayError
 
 if TYPE_CHECKING:
@@ -342,7 +342,7 @@ def checkpoint_modules(
 
 def _apply_budget(model, check_fn, auto_wrap_policy, *, budget, example_input, **kwargs):
     """The ``budget=`` path of :func:`apply_activation_checkpointing`."""
-    from .layer_budget import outermost, plan_layers, run_example
+    from .layer_budget import outermost
 
     if auto_wrap_policy is not None:
         raise TypeError(
@@ -363,14 +363,8 @@ def _apply_budget(model, check_fn, auto_wrap_policy, *, budget, example_input, *
             "torch_replay.apply_activation_checkpointing: check_fn selects no submodule of "
             f"{type(model).__name__}, so there is nothing to plan. The model was not changed."
         )
-    chosen = plan_layers(
-        model,
-        candidates,
-        run_example(model, example_input),
-        budget=budget,
-        state_of=lambda m: resolve_state(replay_state, m, "module"),
-        engine=engine,
-        **plan_kw,
+    chosen = plan_budget(
+        model, candidates, example_input, budget, replay_state, "module", engine, **plan_kw
     )
     by_engine: dict[str, list[torch.nn.Module]] = {}
     for m, choice in zip(candidates, chosen.choices, strict=True):
@@ -379,6 +373,24 @@ def _apply_budget(model, check_fn, auto_wrap_policy, *, budget, example_input, *
     for name, mods in by_engine.items():
         checkpoint_modules(model, mods, replay_engine=name, **kwargs)
     return chosen
+
+
+def plan_budget(model, layers, example, budget, replay_state, kind, engine, **plan_kw):
+    """The layer plan of a ``budget=`` call (``apply_activation_checkpointing``,
+    ``tr_hf.enable``): :func:`~torch_replay.layer_budget.plan_layers` on one step of
+    ``example``, each layer's declared state resolved from ``replay_state`` as ``kind``
+    (``"module"`` or ``"layer"``, the word its errors use)."""
+    from .layer_budget import plan_layers, run_example
+
+    return plan_layers(
+        model,
+        layers,
+        run_example(model, example),
+        budget=budget,
+        state_of=lambda m: resolve_state(replay_state, m, kind),
+        engine=engine,
+        **plan_kw,
+    )
 
 
 def _refuse_own_keywords(kwargs: dict[str, Any], where: str) -> None:

@@ -2,7 +2,7 @@
 
 // Note [Replay protocol]
 // A Transaction wraps one checkpointed segment call. It sees every operator
-// of the segment through the observer (torch_replay/_observe.py calls
+// of the segment through the observer (torch_replay/_replay/observe.py calls
 // before_op / after_op), both in the forward and in the replay.
 //
 // Forward (begin_forward .. end_forward):

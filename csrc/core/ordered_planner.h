@@ -1,7 +1,7 @@
 #pragma once
 
 // The exact planner of a layer plan with the layers' order and gradients in
-// its peak (torch_replay/layer_order.py is its Python API). Same option model
+// its peak (torch_replay/_planning/layer_order.py is its Python API). Same option model
 // as the joint planner (pareto_planner.h: PlannerOption, PlannerResult), a
 // different peak.
 //

@@ -1,7 +1,7 @@
 // pybind11 bindings of the joint planner (csrc/core/pareto_planner.h) and the
 // ordered layer planner (csrc/core/ordered_planner.h) as
 // torch_replay._C.planner. The Python API is torch_replay/planner.py and
-// torch_replay/layer_order.py; these
+// torch_replay/_planning/layer_order.py; these
 // bindings take plain numbers so that no tensor header is needed (see
 // Note [Binding registry]).
 #include <pybind11/pybind11.h>

@@ -386,15 +386,15 @@ def measure_cuda(
 
 
 def time_cuda(call: Callable[[list[Any]], Any], inputs: Sequence[Any], *, reps: int = 3) -> Any:
-    """Device time of one run on CUDA (``torch_replay.kernel_timing``: CUPTI when it can).
+    """Device time of one run on CUDA (``torch_replay._planning.kernel_timing``: CUPTI when it can).
 
     Runs on clones of the inputs under ``torch.no_grad()`` from the same
     generator state (restored afterwards), like the peak measurement.
 
     Returns:
-        A ``torch_replay.kernel_timing.KernelTiming``.
+        A ``torch_replay._planning.kernel_timing.KernelTiming``.
     """
-    from torch_replay.kernel_timing import time_kernels
+    from torch_replay._planning.kernel_timing import time_kernels
 
     args = _clone_inputs(inputs)
 

@@ -39,7 +39,7 @@ import torch
 import torch.nn as nn
 from torch.utils._pytree import tree_leaves
 
-from .._naming import _accepts_keyword, _held
+from .._replay.naming import accepts_keyword, held_objects
 from .observe import _Auditor, _default_loss, _resolve_state, _verdict
 from .probe import _Snapshot, model_tensors, probe
 from .report import _OUTSIDE, _ROOT, AuditReport, SegmentAudit
@@ -88,7 +88,11 @@ def audit(
 
 def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> AuditReport:
     root = module_or_fn if isinstance(module_or_fn, nn.Module) else None
-    held = _held(module_or_fn, (nn.Module, torch.Tensor, torch.Generator)) if root is None else []
+    held = (
+        held_objects(module_or_fn, (nn.Module, torch.Tensor, torch.Generator))
+        if root is None
+        else []
+    )
     a = _Auditor(root, example_inputs, held)
     handles = []
     fns: dict[str, Callable] = {}
@@ -158,7 +162,7 @@ def _audit(module_or_fn, example_inputs, segments, loss_fn, probe_engines) -> Au
             verdict = _verdict(a, seg)
             fn = fns[name]
             verdict.inputs, verdict.keywords = len(seg.first_args), sorted(seg.first_kwargs)
-            if _accepts_keyword(fn, "state") is not False:
+            if accepts_keyword(fn, "state") is not False:
                 verdict.state_keyword = "replay_state"
             if error is not None:
                 verdict.needs_grad = True  # the forward did not finish: unknown, assume so

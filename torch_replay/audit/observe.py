@@ -91,7 +91,7 @@ class _Auditor:
             if isinstance(x, torch.Tensor):
                 self._name(x, f"input[{i}]")
         # What an audited function holds, under its variable names (Note [Naming in
-        # errors] in torch_replay/_naming.py): ``table (captured)``, ``net.lin.weight
+        # errors] in torch_replay/_replay/naming.py): ``table (captured)``, ``net.lin.weight
         # (captured)``, expressions in the caller's scope.
         self.held_generators: dict[str, torch.Generator] = {}
         for label, obj in held:

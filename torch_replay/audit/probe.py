@@ -13,7 +13,7 @@ difference above eager's own run-to-run difference (eager run twice: zero where 
 kernels are deterministic) is a wrong gradient. The same
 gradient under ``torch_replay.checkpoint`` (with the state the audit recommends, spelled
 ``replay_state=``, which always means torch_replay's option: Note [Option spelling] in
-checkpoint.py) is measured too, and its refusal, if any, is its verdict.
+_replay/api.py) is measured too, and its refusal, if any, is its verdict.
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ def probe(
     """Run the segment alone three ways from ``snap``'s state (Note [Audit probe]) and
     fill ``out``: the measured gradient errors, the engine ``auto`` chose and its
     retained bytes, or torch_replay's refusal. The state is put back after each run."""
-    from ..checkpoint import checkpoint, last_transaction
+    from .._replay.api import checkpoint
+    from .._replay.segment import last_transaction
     from ..errors import ReplayError
 
     def eager(f, *a, **k):

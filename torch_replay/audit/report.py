@@ -68,7 +68,7 @@ class SegmentAudit:
     state_keyword: str = "state"
     """How ``torch_replay.checkpoint`` takes the state for this segment: ``"replay_state"``
     when the segment would be handed ``state=`` itself (it takes ``**kwargs`` or a
-    parameter of that name; Note [Option spelling] in checkpoint.py)."""
+    parameter of that name; Note [Option spelling] in _replay/api.py)."""
     inputs: int = 1
     """How many positional arguments the segment was called with."""
     keywords: list[str] = field(default_factory=list)

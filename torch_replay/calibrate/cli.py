@@ -31,7 +31,7 @@ def summary(doc: Mapping[str, Any]) -> str:
         Markdown text.
     """
     grid = doc.get("grid") or []
-    # CUDA runs also carry the step's device time from CUPTI (torch_replay.kernel_timing).
+    # CUDA runs also carry the step's device time from CUPTI (torch_replay._planning.kernel_timing).
     kernel = any(o and "kernel_s" in o for g in grid for o in g["options"].values())
     # CPU runs also carry the step's process CPU time, which a shared machine's other
     # work does not inflate (with one thread); time / snapshot then compares CPU times.

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .._segment import _state_tensors
+from .._replay.segment import state_tensors
 from .workloads import Workload
 
 # --------------------------------------------------------------- fingerprint
@@ -94,7 +94,7 @@ class Kept:
                     if b is not None:
                         self.tensors[id(b)] = b
                 self.params.extend(m.parameters())
-        for t in _state_tensors(state):
+        for t in state_tensors(state):
             self.tensors[id(t)] = t
         self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.grads: list[Any] = []

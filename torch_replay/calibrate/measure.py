@@ -10,10 +10,10 @@ from typing import Any
 
 import torch
 
-from .._runner import SegmentRunner
-from .._segment import _state_tensors
+from .._planning.kernel_timing import time_kernels
+from .._planning.runner import SegmentRunner
+from .._replay.segment import state_tensors
 from ..errors import ReplayError
-from ..kernel_timing import time_kernels
 from ..planner import OPTION_NAMES, Option, plan_peak, rerun_floor
 from .config import CalibrationConfig, ConfigError
 from .fingerprint import _record_inputs, model_fingerprint
@@ -202,7 +202,7 @@ def _measure_choices(
 ) -> dict[str, Any]:
     model = SegmentRunner(workload.segments, state=workload.state, choices=choices)
     persistent = model.persistent
-    kept = _state_tensors(workload.state)
+    kept = state_tensors(workload.state)
     snapshot = [t.detach().clone() for t in kept]
     physical = PhysicalPeak(device)
     times: list[list[float]] = [[] for _ in choices]
@@ -228,7 +228,9 @@ def _measure_choices(
                 forwards[i].append(p.forward_s)
         phys = physical.peak()
         kernel = None
-        if device == "cuda":  # device time of one step from CUPTI (torch_replay.kernel_timing)
+        if (
+            device == "cuda"
+        ):  # device time of one step from CUPTI (torch_replay._planning.kernel_timing)
             kernel = time_kernels(
                 lambda: model.profile_step(
                     workload.make_input(), workload.loss_fn, track_memory=False

@@ -18,17 +18,17 @@ from typing import Any
 
 import torch
 
-from ._peak import (
+from .._replay.api import checkpoint
+from .._replay.segment import collect_transactions, state_tensors
+from .options import OPTION_NAMES
+from .peak import (
     LiveBytesTracker,
     PeakReport,
+    Profiler,
     SegmentProfile,
-    _default_loss,
-    _Profiler,
+    default_loss,
     static_bytes,
 )
-from ._segment import _state_tensors
-from .checkpoint import checkpoint, collect_transactions
-from .planner import OPTION_NAMES
 
 __all__ = ["SegmentRunner"]
 
@@ -39,7 +39,7 @@ def _is_per_segment(state: Any, n: int) -> bool:
     return all(s is None or isinstance(s, (list, tuple)) for s in state)
 
 
-def _check_choices(choices: Sequence[str], n: int) -> list[str]:
+def check_choices(choices: Sequence[str], n: int) -> list[str]:
     choices = list(choices)
     if len(choices) != n:
         raise ValueError(f"{len(choices)} choices for {n} segments")
@@ -91,15 +91,15 @@ class SegmentRunner(torch.nn.Module):
         self.use_reentrant = use_reentrant
         self.budget: int | None = None  # shown in measure()'s report
         self.persistent = self.default_persistent() if persistent is None else int(persistent)
-        self.choices: list[str] = [] if choices is None else _check_choices(choices, n)
+        self.choices: list[str] = [] if choices is None else check_choices(choices, n)
         self._txns: list[weakref.ReferenceType | None] = [None] * n
-        self._profile: _Profiler | None = None
+        self._profile: Profiler | None = None
 
     # ------------------------------------------------------------- accounting
 
     def _static_tensors(self) -> list[torch.Tensor]:
         return [*self.parameters(), *(b for b in self.buffers() if b is not None)] + (
-            _state_tensors(self._state)
+            state_tensors(self._state)
         )
 
     def default_persistent(self) -> int:
@@ -196,13 +196,13 @@ class SegmentRunner(torch.nn.Module):
         Returns:
             (per-segment profiles, peak of tracked live bytes; 0 when not tracked).
         """
-        loss_fn = loss_fn or _default_loss
+        loss_fn = loss_fn or default_loss
         tracker = LiveBytesTracker(self._held_bytes) if track_memory else None
         # One intra-op thread: the step computes on this thread (autograd runs a CPU
         # graph's backward on the calling thread), so its CPU time is the segments' work,
         # robust to other processes on a shared machine; otherwise wall time.
         one = torch.get_num_threads() == 1 and not torch.cuda.is_initialized()
-        prof = _Profiler(len(self.choices), tracker, time.thread_time if one else time.perf_counter)
+        prof = Profiler(len(self.choices), tracker, time.thread_time if one else time.perf_counter)
         self._profile = prof
         try:
             if tracker is not None:
@@ -215,7 +215,7 @@ class SegmentRunner(torch.nn.Module):
         prof.finish()
         return prof.segments, (tracker.peak if tracker is not None else 0)
 
-    def _step(self, x, loss_fn, prof: _Profiler) -> None:
+    def _step(self, x, loss_fn, prof: Profiler) -> None:
         out = self(x)
         loss = loss_fn(out)
         prof.before_backward()

@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .errors import OverlapError
+from ..errors import OverlapError
 
 __all__ = ["DispatchModeObserver", "Observer", "new_gate", "unobserved"]
 
@@ -38,7 +38,7 @@ def new_gate():
     which a separate transaction observes; see ``_nonreentrant._Frame``)."""
     global _C
     if _C is None:
-        from ._ext import require_extension
+        from .._ext import require_extension
 
         _C = require_extension()
     return _C.ObserverGate()
@@ -65,7 +65,7 @@ def _open_gates() -> list:
 @contextlib.contextmanager
 def unobserved():
     """Hides the operators run inside from every segment observing this thread
-    (Note [FSDP traffic] in torch_replay/fsdp.py): each open scope's gate is
+    (Note [FSDP traffic] in torch_replay/_replay/fsdp.py): each open scope's gate is
     paused, then put back as it was."""
     gates = getattr(_scopes, "gates", None)
     if not gates:
@@ -89,7 +89,7 @@ class Observer:
     def __init__(self, txn, gate=None):
         global _C
         if _C is None:
-            from ._ext import require_extension
+            from .._ext import require_extension
 
             _C = require_extension()
         self.txn = txn

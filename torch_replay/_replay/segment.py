@@ -6,162 +6,23 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import uuid
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.utils.checkpoint as _tcp
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._device import DeviceContext
 from torch.utils._pytree import tree_flatten
 
+from .._ext import require_extension
 from . import fsdp as _fsdp
-from ._ext import engine_names, require_extension
-from ._naming import _module_of, _named_errors, _root_module, _tensor_name  # noqa: F401
-from ._observe import DispatchModeObserver, Observer
-
-# The engine names, defined once in C++ (csrc/core/preservation_engine.cpp).
-ENGINES: tuple[str, ...] = engine_names()
-
-
-@dataclass(kw_only=True, slots=True)
-class ReplayConfig:
-    """Process-wide settings of ``torch_replay.checkpoint``."""
-
-    detect: str = os.environ.get("TORCH_REPLAY_DETECT", "reads")
-    """What happens to undeclared state: a tensor that existed before the segment and
-    that it read (parameter, buffer, input, captured tensor), changed in place before
-    backward. ``"reads"`` (default): the re-run is refused (``StateMutationError``
-    naming the tensor, never a wrong gradient), checked by version counters: one weak
-    reference and one integer per tensor read, no write watch. ``"preserve"``:
-    preserved instead, so the re-run sees the forward's values without ``state=``:
-    the segment's reads are journaled copy-on-write, a later in-place write to them
-    (outside segments too) first keeps the old bytes of what it overwrites (as
-    ``engine="journal"`` for declared state), and nothing is copied if nothing is
-    written. While such a segment waits for its backward, every operator of the
-    process pays the write watch. A graph kept alive (past its backward with
-    ``retain_graph=True``, or never backwarded) keeps at most one copy of what its
-    segments read and later steps overwrite, until it is dropped (Note [Region
-    journal] in csrc/core/region_journal.h). Writes that bypass the dispatcher (the
-    memory of ``.numpy()``, raw pointers) are detected, by hashes, with
-    ``verify="bytes"``. ``"saved"``: check only the tensors the forward saved for
-    backward (what eager autograd checks); with ``use_reentrant=True``, whose forward
-    saves nothing, it means ``"reads"``. Inside ``torch.compile`` every level leaves
-    undeclared tensors to autograd's version check, as torch does (Note [Checkpoint
-    under torch.compile] in compiled.py). Why ``"reads"`` is the default, with the
-    figures: docs/checkpoint_details.md, "Which level is the default";
-    benchmarks/results/replay_speed.md gives the cost of each level."""
-
-    verify: str = os.environ.get("TORCH_REPLAY_VERIFY", "dispatcher")
-    """What proves that a re-run starts from the forward's bytes and reproduces its
-    end state (Note [Verification levels] in csrc/aten/transaction.h).
-    ``"dispatcher"`` (default): every write made through PyTorch's dispatcher (any
-    operator, in a segment or not, through any alias: ``.data``, views of other
-    dtypes, ``set_``) is seen, so declared state is journaled, marked or restored
-    from a copy without hashing it; only bytes the forward or the re-run write are
-    hashed. ``"bytes"``: also hash every declared (and, under ``detect="preserve"``,
-    preserved) byte the segment reads, in the forward and before the re-run, which
-    also catches writes that bypass the dispatcher (the memory of ``.numpy()``, a
-    raw pointer, a compiled kernel writing an input outside any segment) and
-    raises ``StateMutationError`` for them. Like torch's ``determinism_check``, it
-    is a check the user turns on; benchmarks/results/observer.md gives its cost."""
-
-    observer: str = os.environ.get("TORCH_REPLAY_OBSERVER", "c++")
-    """How the operators of a segment are observed (Note [C++ observer]): ``"c++"``
-    (a thread-local RecordFunction callback of the dispatcher, about 1 µs per
-    operator) or ``"python"`` (a TorchDispatchMode, about 10 µs per operator; the
-    reference implementation). As every setting here but ``heap``, it is read when a
-    segment is called: its re-run in backward runs under the same observer."""
-
-    heap: str = os.environ.get("TORCH_REPLAY_HEAP", "steady")
-    """glibc's heap under checkpointing (Note [Steady heap] in csrc/core/heap_policy.h).
-    ``"steady"`` (default): at the first checkpoint call, set glibc's mmap threshold
-    to 32 MiB and its trim threshold to 64 MiB (the values glibc adopts by itself once
-    the process frees a 32 MiB block), so that a step does not give the top of the
-    heap back to the system and fault it in again in the next one; skipped when the
-    user set glibc's malloc thresholds (``MALLOC_*_`` or ``GLIBC_TUNABLES``) or malloc
-    is not glibc's. ``heap_setting()`` says what was done. ``"system"``: leave glibc
-    as it is (a small model then pays minor page faults every step that torch's
-    checkpoint does not; benchmarks/results/replay_speed.md)."""
-
-    observe: bool = True
-    """Run the forward and the re-run under the observer (needed for declared
-    state, explicit generators, undeclared writes, overlap and integer-write
-    checks). Turning it off makes a segment with ``state=None`` behave like
-    ``torch.utils.checkpoint`` plus the saved-tensor check."""
-
-    def patch(self, **changes: Any) -> contextlib.AbstractContextManager[ReplayConfig]:
-        """These settings for a block, or for each call of a decorated function, put back
-        as they were when it ends, however it ends (as ``torch._dynamo.config.patch``)::
-
-            with tr.config.patch(detect="preserve"):
-                loss = model(x).sum()  # its segments preserve what they read
-            loss.backward()
-
-        A segment keeps the settings its forward ran with until its backward, so the
-        backward may run outside the block. The settings are process-wide, as
-        ``tr.config`` is: another thread checkpointing meanwhile runs with them too.
-        (``heap`` acts once, at the process's first checkpoint call.)
-
-        Args:
-            **changes: setting names (the attributes above) and their values. Every one
-                is checked before any is set.
-
-        Returns:
-            A context manager, also usable as a decorator.
-
-        Raises:
-            AttributeError: a name that is not a setting.
-            ValueError: a value the setting does not take (the valid ones are named).
-        """
-        for name, value in changes.items():
-            _check_setting(name, value)
-        return _patched(self, changes)
-
-
-config = ReplayConfig()
-_DETECT_LEVELS = ("saved", "reads", "preserve")
-_VERIFY_LEVELS = ("dispatcher", "bytes")
-_OBSERVERS = ("c++", "python")
-_HEAP_SETTINGS = ("steady", "system")
-# The values each setting takes (``observe``: a bool).
-_CHOICES: dict[str, tuple[Any, ...]] = {
-    "detect": _DETECT_LEVELS,
-    "verify": _VERIFY_LEVELS,
-    "observer": _OBSERVERS,
-    "heap": _HEAP_SETTINGS,
-    "observe": (True, False),
-}
-
-
-def bad_setting(name: str, value: Any) -> ValueError:
-    """The error for a value ``config.<name>`` does not take."""
-    return ValueError(f"torch_replay.config.{name} must be one of {_CHOICES[name]}, got {value!r}")
-
-
-def _check_setting(name: str, value: Any) -> None:
-    if name not in _CHOICES:
-        raise AttributeError(
-            f"torch_replay.config has no setting {name!r}; its settings are {tuple(_CHOICES)}"
-        )
-    # (Types compared too, not ``in``: 1 == True, but observe is a bool.)
-    if not any(type(value) is type(c) and value == c for c in _CHOICES[name]):
-        raise bad_setting(name, value)
-
-
-@contextlib.contextmanager
-def _patched(cfg: ReplayConfig, changes: dict[str, Any]):
-    old = {name: getattr(cfg, name) for name in changes}
-    try:
-        for name, value in changes.items():
-            setattr(cfg, name, value)
-        yield cfg
-    finally:
-        for name, value in old.items():
-            setattr(cfg, name, value)
-
+from .call import SegmentCall
+from .config import bad_setting, config
+from .naming import module_of, named_errors, root_module, tensor_name  # noqa: F401
+from .observe import DispatchModeObserver, Observer
 
 _heap_set = False
 _last_txn: weakref.ReferenceType | None = None
@@ -227,7 +88,7 @@ def last_transaction():
 # ---------------------------------------------------------------------- state
 
 
-def _state_tensors(state: Any) -> list[torch.Tensor]:
+def state_tensors(state: Any) -> list[torch.Tensor]:
     """The tensors a declared state holds: tensors, modules' buffers and parameters,
     nested lists (per-segment state) flattened; generators and None skipped."""
     out: list[torch.Tensor] = []
@@ -238,11 +99,11 @@ def _state_tensors(state: Any) -> list[torch.Tensor]:
             out.extend(b for b in item.buffers() if b is not None)
             out.extend(item.parameters())
         elif isinstance(item, (list, tuple)):
-            out.extend(_state_tensors(item))
+            out.extend(state_tensors(item))
     return out
 
 
-def _collect_state(state, function):
+def collect_state(state, function):
     """Flatten ``state`` into (tensors, names, generators, generator names)."""
     tensors: list[torch.Tensor] = []
     names: list[str] = []
@@ -257,7 +118,7 @@ def _collect_state(state, function):
             "state= must be an iterable of tensors, nn.Modules and torch.Generators; "
             f"got {type(state).__name__}"
         )
-    root = _root_module(function)
+    root = root_module(function)
     paths = None
     for i, item in enumerate(state):
         if isinstance(item, torch.nn.Module):
@@ -281,7 +142,7 @@ def _collect_state(state, function):
         elif isinstance(item, torch.Tensor):
             local = _fsdp.local_state(item)
             tensors.append(local)
-            names.append((_tensor_name(item, root) or f"state[{i}]") + _shard_word(local, item))
+            names.append((tensor_name(item, root) or f"state[{i}]") + _shard_word(local, item))
         elif isinstance(item, torch.Generator):
             gens.append(item)
             gen_names.append(f"state[{i}] (torch.Generator on {item.device})")
@@ -343,7 +204,7 @@ def _shard_word(local: torch.Tensor, declared: torch.Tensor) -> str:
 # -------------------------------------------------------------------- helpers
 
 
-def _leaves(tree) -> list[Any]:
+def flat_leaves(tree) -> list[Any]:
     """Leaves of ``tree``; a flat tuple/list of tensors and numbers needs no pytree."""
     if isinstance(tree, (tuple, list)) and all(
         isinstance(a, (torch.Tensor, int, float, bool, str, type(None))) for a in tree
@@ -352,22 +213,22 @@ def _leaves(tree) -> list[Any]:
     return tree_flatten(tree)[0]
 
 
-def _device_type(args) -> str:
+def device_type_of(args) -> str:
     """torch's ``_infer_device_type(*args)``, without its pytree walk in the common case
     of arguments that hold no tensor off the CPU (then its answer is the default
     device type; otherwise torch's own function decides, and warns as torch does)."""
-    if all(not isinstance(a, torch.Tensor) or a.device.type == "cpu" for a in _leaves(args)):
+    if all(not isinstance(a, torch.Tensor) or a.device.type == "cpu" for a in flat_leaves(args)):
         return _tcp.DefaultDeviceType.get_device_type()
     return _tcp._infer_device_type(*args)
 
 
-def _rng_devices(args, preserve: bool) -> list[torch.device]:
+def rng_devices_of(args, preserve: bool) -> list[torch.device]:
     """Non-CPU devices whose default generator torch would stash (devices of the
     tensor arguments, when that device type is initialised)."""
     if not preserve:
         return []
     out: list[torch.device] = []
-    for a in _leaves(args):
+    for a in flat_leaves(args):
         if isinstance(a, torch.Tensor) and a.device.type != "cpu":
             mod = getattr(torch, a.device.type, None)
             if getattr(mod, "_initialized", False) and a.device not in out:
@@ -375,7 +236,7 @@ def _rng_devices(args, preserve: bool) -> list[torch.device]:
     return out
 
 
-def _autocast_state(device_type: str):
+def autocast_state(device_type: str):
     device_kwargs, cpu_kwargs = _tcp._get_autocast_kwargs(device_type)
 
     def ctx():
@@ -392,7 +253,7 @@ def _unobserved(txn, gate=None):
     return contextlib.nullcontext()
 
 
-def _observer_of_segment():
+def observer_of_segment():
     """The observer (a context manager factory taking the transaction and its gate) that
     a segment's forward and every re-run of it run under: chosen from ``config`` once,
     when the segment is called, as every other setting is (a backward run under other
@@ -404,16 +265,18 @@ def _observer_of_segment():
     return Observer
 
 
-def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, last=True):
+def new_transaction(call: SegmentCall, watch_reads: bool, last: bool = True):
+    """The C++ Transaction of one run of ``call``'s segment (``last``: the one
+    ``last_transaction()`` and ``collect_transactions()`` report)."""
     C = require_extension()
-    tensors, names, gens, gen_names = _collect_state(state, function)
+    tensors, names, gens, gen_names = collect_state(call.state, call.function)
     txn = C.Transaction(
-        engine,
+        call.engine,
         tensors,
         names,
         gens,
         gen_names,
-        preserve_rng_state,
+        call.preserve_rng_state,
         watch_reads,
         preserve_reads=config.detect == "preserve" and config.observe,
         verify_bytes=config.verify == "bytes",
@@ -427,7 +290,7 @@ def _new_transaction(state, function, engine, preserve_rng_state, watch_reads, l
     return txn
 
 
-def _metadata(x: torch.Tensor) -> dict[str, Any]:
+def tensor_metadata(x: torch.Tensor) -> dict[str, Any]:
     return {"shape": x.shape, "dtype": x.dtype, "device": x.device}
 
 
@@ -440,8 +303,8 @@ def _metadata(x: torch.Tensor) -> dict[str, Any]:
 # working. PyTorch's own checkpoint tests are run with torch_replay swapped in
 # (scripts/torch_checkpoint_tests.py).
 
-_DEBUG_TIP = getattr(_tcp, "_debug_tip_msg", "")
-_USE_REENTRANT_WARNING = (
+DEBUG_TIP = getattr(_tcp, "_debug_tip_msg", "")
+USE_REENTRANT_WARNING = (
     "torch.utils.checkpoint: the use_reentrant parameter should be "
     "passed explicitly. Starting in PyTorch 2.9, calling checkpoint "
     "without use_reentrant will raise an exception. use_reentrant=False is "
@@ -449,7 +312,7 @@ _USE_REENTRANT_WARNING = (
     "behavior, you can pass use_reentrant=True. Refer to docs for more "
     "details on the differences between the two variants."
 )
-_USE_REENTRANT_WARNING_SEQUENTIAL = (
+USE_REENTRANT_WARNING_SEQUENTIAL = (
     "torch.utils.checkpoint.checkpoint_sequential: the use_reentrant "
     "parameter should be passed explicitly. "
     "In version 2.9 we will raise an exception if use_reentrant "
@@ -460,17 +323,17 @@ _USE_REENTRANT_WARNING_SEQUENTIAL = (
 )
 
 
-def _early_stop(local: bool) -> bool:
+def early_stop_on(local: bool) -> bool:
     knob = getattr(_tcp, "_enable_checkpoint_early_stop", None)
     return bool(knob if knob is not None else local)
 
 
-def _debug(local: bool) -> bool:
+def debug_on(local: bool) -> bool:
     knob = getattr(_tcp, "_checkpoint_debug_enabled", None)
     return bool(knob if knob is not None else local)
 
 
-def _graph_task_id():
+def graph_task_id():
     group = getattr(_tcp, "GraphExecGroup", None)
     gid = group._get_current_group() if group is not None else None
     if gid is None:
@@ -481,6 +344,46 @@ def _graph_task_id():
     return gid
 
 
-def _in_graph_exec_group() -> bool:
+def in_graph_exec_group() -> bool:
     get = getattr(torch._C, "_get_graph_exec_group", None)
     return get is not None and get() is not None
+
+
+# ------------------------------------------------ torch's knobs of a non-reentrant segment
+
+
+def metadata_fn_of(determinism_check: str):
+    checks = getattr(_tcp, "_allowed_determinism_checks_to_fns", None)
+    if checks is None:
+        checks = {"default": tensor_metadata, "none": lambda _: None}
+    if determinism_check not in checks:
+        raise ValueError(
+            f"determinism_check should be one of {list(checks.keys())}, but got {determinism_check}"
+        )
+    return checks[determinism_check]
+
+
+def device_context():
+    """The DeviceContext mode the forward runs under (the re-run respects it)."""
+    return next(
+        (m for m in reversed(_get_current_function_mode_stack()) if isinstance(m, DeviceContext)),
+        contextlib.nullcontext(),
+    )
+
+
+# torch 2.14's saved-tensor hooks of checkpoint itself: selective checkpointing looks
+# through them (and only them) for the user's hooks, which its saved tensors then go
+# through (respect_saved_tensors_hooks). Where torch has them, the segment's hooks are
+# marked the same way, so that the user's hooks, not the segment's, are found.
+TORCH_INTERNAL_HOOKS = getattr(_tcp, "_checkpoint_internal_hook", None)
+
+
+def internal_hooks(pack, unpack):
+    if TORCH_INTERNAL_HOOKS is None:
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def internal_pack(x):
+        return pack(x)
+
+    internal_pack._checkpoint_internal = True  # type: ignore[attr-defined]
+    return TORCH_INTERNAL_HOOKS(internal_pack, unpack)

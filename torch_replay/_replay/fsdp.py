@@ -48,7 +48,7 @@ import weakref
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ._observe import unobserved
+from .observe import unobserved
 
 __all__ = ["install", "local_state"]
 

@@ -59,8 +59,9 @@ import torch
 import torch.utils.checkpoint as _tcp
 from torch.nn.utils.stateless import _reparametrize_module
 
-from ._segment import _module_of
-from .errors import UnsupportedReplayError
+from ..errors import UnsupportedReplayError
+from .call import SegmentCall
+from .segment import module_of
 
 __all__ = ["checkpoint_compiled", "constant_under_compile", "snapshot"]
 
@@ -135,7 +136,7 @@ def _owners(function, state):
         return None, None
     if isinstance(state, (torch.Tensor, torch.nn.Module, torch.Generator)):
         state = [state]
-    root = _module_of(function)
+    root = module_of(function)
     declared = [m for m in state if isinstance(m, torch.nn.Module)]
     if root is None and len(declared) == 1:
         root = declared[0]
@@ -198,8 +199,8 @@ def _reparametrized(function, root, names, nargs: int):
     return body
 
 
-def _eager_segment_impl(eager, function, args, kwargs, use_reentrant, options):
-    return eager(function, *args, use_reentrant=use_reentrant, **options, **kwargs)
+def _eager_segment_impl(eager, function, args, kwargs, options):
+    return eager(function, *args, **options, **kwargs)
 
 
 # Dynamo never traces it (a graph break); Dynamo is imported at the first call only.
@@ -210,29 +211,22 @@ _warned: set[str] = set()
 
 
 def checkpoint_compiled(
-    function,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    *,
-    use_reentrant: bool | None,
-    context_fn,
-    determinism_check: str,
-    debug: bool,
-    early_stop: bool,
-    preserve: bool,
-    torch_options: dict[str, Any],
-    state,
-    engine: str,
-    eager: Callable[..., Any],
+    call: SegmentCall, args: tuple[Any, ...], kwargs: dict[str, Any], *, eager: Callable[..., Any]
 ) -> Any:
     """The segment as Dynamo's ``tag_activation_checkpoint`` region (Note [Checkpoint
-    under torch.compile]). ``engine`` is not used there: declared state is kept
-    by saving its forward value. ``eager`` is the eager ``torch_replay.checkpoint``,
-    run behind a graph break when the state cannot be handed to the region (passed
-    in, so that this module does not import the one that calls it). ``torch_options`` are
+    under torch.compile]). ``call.engine`` and ``call.early_stop`` are not used there:
+    declared state is kept by saving its forward value, and the partitioner decides what
+    the backward recomputes. ``eager`` is the eager ``torch_replay.checkpoint``, run
+    behind a graph break when the state cannot be handed to the region (passed in, so
+    that this module does not import the one that calls it). ``call.torch_options`` are
     the installed torch's further keyword options (Note [Drop-in signature] in
-    ``torch_replay/_drop_in.py``), passed on to torch's checkpoint as given."""
-    del engine, early_stop  # the partitioner decides what the backward recomputes
+    ``torch_replay/_replay/drop_in.py``), passed on to torch's checkpoint as given."""
+    function, state, use_reentrant = call.function, call.state, call.use_reentrant
+    context_fn, preserve, torch_options = (
+        call.context_fn,
+        call.preserve_rng_state,
+        call.torch_options,
+    )
     owned, reason = _owners(function, state)
     if reason is not None:
         if reason not in _warned:
@@ -244,16 +238,11 @@ def checkpoint_compiled(
                 "that owns the tensor instead, or pass the tensor as an argument).",
                 stacklevel=3,
             )
-        options = {
-            "replay_state": state,
-            "context_fn": context_fn,
-            "determinism_check": determinism_check,
-            "debug": debug,
-            "preserve_rng_state": preserve,
-            **torch_options,
-        }
-        reentrant = True if use_reentrant is None else use_reentrant  # torch's default
-        return _eager_segment(eager, function, args, kwargs, reentrant, options)
+        options = call.keywords()
+        del options["replay_engine"], options["early_stop"]  # as the region: torch's own
+        if use_reentrant is None:
+            options["use_reentrant"] = True  # torch's default
+        return _eager_segment(eager, function, args, kwargs, options)
     if context_fn is _tcp.noop_context_fn and _budget_below_one():
         # AOTAutograd traces every region non-reentrantly (torch/_higher_order_ops/
         # wrap.py), so saying so changes nothing but admits the policy.
@@ -262,7 +251,7 @@ def checkpoint_compiled(
     if use_reentrant is not None:
         options["use_reentrant"] = use_reentrant
     if use_reentrant is False:
-        options.update(determinism_check=determinism_check, debug=debug)
+        options.update(determinism_check=call.determinism_check, debug=call.debug)
         if context_fn is not _tcp.noop_context_fn:
             options["context_fn"] = context_fn  # Dynamo takes user functions and partials
     if owned is None:

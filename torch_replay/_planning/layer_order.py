@@ -12,8 +12,8 @@ from __future__ import annotations
 import time as _time
 from collections.abc import Sequence
 
-from .errors import InfeasibleBudgetError
-from .planner import Option, Plan, PlanPrediction, SolverStats, checked_segments, planner_extension
+from ..errors import InfeasibleBudgetError
+from .options import Option, Plan, PlanPrediction, SolverStats, checked_segments, planner_extension
 
 __all__ = ["TIME_TOLERANCE", "lean_options", "ordered_peak", "plan_ordered"]
 

@@ -10,14 +10,15 @@ import torch
 import torch.utils.checkpoint as _tcp
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ._ext import require_extension
-from ._nonreentrant import _no_unpack
-from ._segment import (
-    _autocast_state,
-    _device_type,
-    _named_errors,
-    _observer_of_segment,
-    _rng_devices,
+from .._ext import require_extension
+from .call import SegmentCall
+from .nonreentrant import no_unpack
+from .segment import (
+    autocast_state,
+    device_type_of,
+    named_errors,
+    observer_of_segment,
+    rng_devices_of,
 )
 
 # ------------------------------------------------------------- reentrant path
@@ -33,9 +34,9 @@ class _ReentrantRunner:
         # its backward ran); keeping them here would hold them for the whole graph.
         self.args = [None if isinstance(a, torch.Tensor) else a for a in args]
         self.txn = txn
-        self.rng_devices = _rng_devices(args, preserve)
-        self.autocast = _autocast_state(_device_type(args))
-        self.observer = _observer_of_segment()
+        self.rng_devices = rng_devices_of(args, preserve)
+        self.autocast = autocast_state(device_type_of(args))
+        self.observer = observer_of_segment()
         self.spec = None
         self.leaves: list[Any] = []
         self.tensor_pos: list[int] = []
@@ -57,7 +58,7 @@ class _ReentrantRunner:
         args = self._args(inputs)
         txn.begin_forward(list(inputs), self.rng_devices)
         try:
-            with _named_errors(self.function, args), self.observer(txn):
+            with named_errors(self.function, args), self.observer(txn):
                 out = self.function(*args)
             txn.end_forward()
         except BaseException:
@@ -83,12 +84,12 @@ class _ReentrantRunner:
 
         # A pure segment needs no hook, and without one its re-run is torch's exactly.
         hooks = (
-            torch.autograd.graph.saved_tensors_hooks(pack, _no_unpack)
+            torch.autograd.graph.saved_tensors_hooks(pack, no_unpack)
             if txn.stateful
             else contextlib.nullcontext()
         )
         args = self._args(detached)
-        with _named_errors(self.function, args):
+        with named_errors(self.function, args):
             txn.begin_replay()
             with hooks, self.autocast(), self.observer(txn):
                 out = self.function(*args)
@@ -107,9 +108,9 @@ class _ReentrantRunner:
         return tree_unflatten(leaves, self.spec)
 
 
-def _checkpoint_reentrant(function, args, txn, preserve):
+def checkpoint_reentrant(call: SegmentCall, args, txn):
     _tcp.check_backward_validity(args)
-    runner = _ReentrantRunner(function, args, txn, preserve)
+    runner = _ReentrantRunner(call.function, args, txn, call.preserve_rng_state)
     inputs = [args[i] for i in runner.tensor_idx]
     outputs = require_extension().apply_segment(runner, inputs)
     return runner.rebuild(outputs)

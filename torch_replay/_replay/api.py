@@ -14,49 +14,32 @@ import functools
 import sys
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
 import torch.utils.checkpoint as _tcp
 
+from .._ext import require_extension
 from . import fsdp as _fsdp
-from ._drop_in import DROP_IN, Checkpointed
-from ._ext import require_extension
-from ._naming import _accepts_keyword
-from ._nonreentrant import _checkpoint_nonreentrant, _metadata_fn
-from ._reentrant import _checkpoint_reentrant
-from ._segment import (  # noqa: F401  (the public names live on here)
-    _DETECT_LEVELS,
-    _OBSERVERS,
-    _USE_REENTRANT_WARNING,
-    _USE_REENTRANT_WARNING_SEQUENTIAL,
-    _VERIFY_LEVELS,
-    ENGINES,
-    ReplayConfig,
-    _collect_state,
-    _module_of,
-    _named_errors,
-    _new_transaction,
-    bad_setting,
-    collect_transactions,
-    config,
-    engine_bytes,
-    heap_setting,
-    last_transaction,
+from .call import SegmentCall
+from .compiled import checkpoint_compiled, constant_under_compile
+from .config import DETECT_LEVELS, ENGINES, OBSERVERS, VERIFY_LEVELS, bad_setting, config
+from .drop_in import DROP_IN, Checkpointed
+from .naming import accepts_keyword
+from .nonreentrant import checkpoint_nonreentrant
+from .reentrant import checkpoint_reentrant
+from .segment import (
+    USE_REENTRANT_WARNING,
+    USE_REENTRANT_WARNING_SEQUENTIAL,
+    collect_state,
+    metadata_fn_of,
+    named_errors,
+    new_transaction,
     steady_heap,
 )
-from .compiled import checkpoint_compiled, constant_under_compile
 
-__all__ = [
-    "ENGINES",
-    "ReplayConfig",
-    "checkpoint",
-    "checkpoint_sequential",
-    "collect_transactions",
-    "config",
-    "engine_bytes",
-    "last_transaction",
-]
+__all__ = ["checkpoint", "checkpoint_sequential"]
 
 # -------------------------------------------------- torch_replay's own options
 # Note [Option spelling]
@@ -73,7 +56,7 @@ _OPTIONS = (("state", "replay_state", None), ("engine", "replay_engine", "auto")
 
 # Whether the function takes a keyword (defined beside the error naming, which respells
 # the options by it: Note [Naming in errors]); Dynamo treats the answer as a constant.
-_takes_keyword = constant_under_compile(_accepts_keyword)
+_takes_keyword = constant_under_compile(accepts_keyword)
 
 
 def _replay_options(function, kwargs: dict[str, Any]) -> tuple[Any, str]:
@@ -193,55 +176,53 @@ def checkpoint(
     if not ENGINES:  # the extension is unavailable: say why (Note [Extension loading])
         require_extension()
     options = DROP_IN.pop_options(kwargs)
-    preserve = options["preserve_rng_state"]
-    hooks = options.get("respect_saved_tensors_hooks")
-    if torch.compiler.is_compiling():
-        # Inside torch.compile: Dynamo's checkpoint region (Note [Checkpoint under
-        # torch.compile] in compiled.py), not the eager transaction. As torch there,
-        # an omitted use_reentrant is not warned about.
-        state, engine = _replay_options(function, kwargs)
-        if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-        return checkpoint_compiled(
-            function,
-            args,
-            kwargs,
-            use_reentrant=use_reentrant,
-            context_fn=context_fn,
-            determinism_check=determinism_check,
-            debug=debug,
-            early_stop=early_stop,
-            preserve=preserve,
-            torch_options={k: v for k, v in options.items() if k != "preserve_rng_state"},
-            state=state,
-            engine=engine,
-            eager=checkpoint,
-        )
-    if use_reentrant is None:
-        warnings.warn(_USE_REENTRANT_WARNING, stacklevel=2)
+    preserve = options.pop("preserve_rng_state")
+    compiling = torch.compiler.is_compiling()
+    if use_reentrant is None and not compiling:
+        # (Inside torch.compile, as torch there, an omitted use_reentrant is not warned
+        # about and torch's default applies in the region.)
+        warnings.warn(USE_REENTRANT_WARNING, stacklevel=2)
         use_reentrant = True
     state, engine = _replay_options(function, kwargs)
-    if kwargs and use_reentrant:
+    if kwargs and use_reentrant and not compiling:
         raise ValueError("Unexpected keyword arguments: " + ",".join(arg for arg in kwargs))
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
-    if use_reentrant:
+    metadata_fn = None
+    if use_reentrant and not compiling:
+        hooks = options.get("respect_saved_tensors_hooks")
         if context_fn is not _tcp.noop_context_fn or debug is not False or hooks is not None:
             raise ValueError(DROP_IN.reentrant_error)
-        metadata_fn = None
-    else:
-        metadata_fn = _metadata_fn(determinism_check)
-    if config.detect not in _DETECT_LEVELS:
+    elif not compiling:
+        metadata_fn = metadata_fn_of(determinism_check)
+    call = SegmentCall(
+        function=function,
+        use_reentrant=use_reentrant,
+        context_fn=context_fn,
+        determinism_check=determinism_check,
+        metadata_fn=metadata_fn,
+        debug=debug,
+        early_stop=early_stop,
+        preserve_rng_state=preserve,
+        torch_options=options,
+        state=state,
+        engine=engine,
+    )
+    if compiling:
+        # Dynamo's checkpoint region (Note [Checkpoint under torch.compile] in
+        # compiled.py), not the eager transaction.
+        return checkpoint_compiled(call, args, kwargs, eager=checkpoint)
+    if config.detect not in DETECT_LEVELS:
         raise bad_setting("detect", config.detect)
-    if config.verify not in _VERIFY_LEVELS:
+    if config.verify not in VERIFY_LEVELS:
         raise bad_setting("verify", config.verify)
-    if config.observer not in _OBSERVERS:
+    if config.observer not in OBSERVERS:
         raise bad_setting("observer", config.observer)
     steady_heap()  # Note [Steady heap]
     _fsdp.install()  # FSDP2's unshard/reshard is not the segment's (Note [FSDP traffic])
     if not torch.is_grad_enabled():
         # Nothing will be differentiated: run plainly (as torch does).
-        _collect_state(state, function)  # still refuse malformed state
+        collect_state(state, function)  # still refuse malformed state
         return function(*args, **kwargs)
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # loaded once anything compiled
     if eval_frame is not None and isinstance(function, eval_frame.OptimizedModule):
@@ -251,21 +232,10 @@ def checkpoint(
         # checkpoint region around the original module (Note [Checkpoint under
         # torch.compile] in compiled.py).
         original = function._orig_mod
+        keywords = call.keywords()
 
         def segment(*a, **k):
-            return checkpoint(
-                original,
-                *a,
-                use_reentrant=use_reentrant,
-                context_fn=context_fn,
-                determinism_check=determinism_check,
-                debug=debug,
-                early_stop=early_stop,
-                replay_state=state,
-                replay_engine=engine,
-                **options,
-                **k,
-            )
+            return checkpoint(original, *a, **keywords, **k)
 
         return function.dynamo_ctx(segment)(*args, **kwargs)
     watch_reads = use_reentrant or config.detect == "reads"
@@ -277,27 +247,13 @@ def checkpoint(
                 f"engine={engine!r} needs the observer (torch_replay.config.observe=False); "
                 "use engine='snapshot' or turn the observer back on"
             )
-        engine = "snapshot"
-    txn = _new_transaction(state, function, engine, preserve, watch_reads)
-    with _named_errors(function, args, kwargs):
+        call = replace(call, engine="snapshot")
+    txn = new_transaction(call, watch_reads)
+    with named_errors(function, args, kwargs):
         if use_reentrant:
-            return _checkpoint_reentrant(function, args, txn, preserve)
-
-        def child():
-            return _new_transaction(state, function, engine, preserve, watch_reads, last=False)
-
-        return _checkpoint_nonreentrant(
-            function,
-            args,
-            kwargs,
-            txn,
-            child,
-            preserve,
-            context_fn,
-            metadata_fn,
-            debug,
-            early_stop,
-            respect_saved_tensors_hooks=hooks,
+            return checkpoint_reentrant(call, args, txn)
+        return checkpoint_nonreentrant(
+            call, args, kwargs, txn, child=lambda: new_transaction(call, watch_reads, last=False)
         )
 
 
@@ -372,7 +328,7 @@ def checkpoint_sequential(
         ValueError: an unknown keyword (torch's text).
     """
     if use_reentrant is None:
-        warnings.warn(_USE_REENTRANT_WARNING_SEQUENTIAL, stacklevel=2)
+        warnings.warn(USE_REENTRANT_WARNING_SEQUENTIAL, stacklevel=2)
         use_reentrant = True
     options = {"preserve_rng_state": kwargs.pop("preserve_rng_state", True)}
     for plain, spelled, _ in _OPTIONS:

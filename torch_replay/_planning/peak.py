@@ -211,11 +211,11 @@ def _cut_list(items: Sequence[Any], limit: int) -> list[str]:
     return items[:limit] + [f"… {len(items) - limit} more"]
 
 
-def _default_loss(out: Any) -> torch.Tensor:
+def default_loss(out: Any) -> torch.Tensor:
     return out.float().pow(2).mean()
 
 
-class _Profiler:
+class Profiler:
     """Per-segment timing and memory windows of one step (see profile_step)."""
 
     def __init__(

@@ -3,33 +3,32 @@ segment's C++ Transaction on re-run (as torch's ``_CheckpointFrame``)."""
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from collections import defaultdict
 from typing import Any
 
 import torch
 import torch.utils.checkpoint as _tcp
-from torch.overrides import _get_current_function_mode_stack
-from torch.utils._device import DeviceContext
 from torch.utils._pytree import tree_flatten
 
-from ._observe import new_gate
-from ._segment import (
-    _DEBUG_TIP,
-    _autocast_state,
-    _debug,
-    _device_type,
-    _early_stop,
-    _graph_task_id,
-    _in_graph_exec_group,
-    _leaves,
-    _metadata,
-    _named_errors,
-    _observer_of_segment,
-    _rng_devices,
+from ..errors import ReplayError, RngMismatchError, UnsupportedReplayError
+from .call import SegmentCall
+from .observe import new_gate
+from .segment import (
+    DEBUG_TIP,
+    autocast_state,
+    debug_on,
+    device_context,
+    device_type_of,
+    early_stop_on,
+    flat_leaves,
+    graph_task_id,
+    in_graph_exec_group,
+    internal_hooks,
+    named_errors,
+    observer_of_segment,
+    rng_devices_of,
 )
-from .errors import ReplayError, RngMismatchError, UnsupportedReplayError
 
 # ---------------------------------------------------------- non-reentrant path
 
@@ -151,7 +150,7 @@ class _Frame:
         return holder
 
     def unpack(self, holder: _Holder) -> torch.Tensor:
-        gid = _graph_task_id()
+        gid = graph_task_id()
         if not self.done[gid]:
             if self.forward_completed:
                 self.recompute(gid)
@@ -164,7 +163,7 @@ class _Frame:
             )
         if holder.handles[gid] is None:
             extra = ""
-            if _in_graph_exec_group():
+            if in_graph_exec_group():
                 extra = (
                     "Performing two backward calls that overlap (i.e. require the same "
                     "saved activation in order to compute gradients) is not allowed while "
@@ -199,7 +198,7 @@ class _Frame:
                 _raise_rng_mismatch(txn)  # the likelier cause, when it is the cause
                 raise _tcp.CheckpointError(
                     "torch.utils.checkpoint: trying to save more tensors during "
-                    "recomputation than during the original forward pass.\n" + _DEBUG_TIP
+                    "recomputation than during the original forward pass.\n" + DEBUG_TIP
                 )
             holder = self.weak_holders[idx]()
             if holder is not None:
@@ -225,7 +224,7 @@ class _Frame:
         try:
             with (
                 torch.autograd.graph.saved_tensors_hooks(
-                    self._recompute_pack(gid, txn, early_stop), _no_unpack
+                    self._recompute_pack(gid, txn, early_stop), no_unpack
                 ),
                 torch.enable_grad(),
             ):
@@ -286,7 +285,7 @@ class _Frame:
                 "torch.utils.checkpoint: A different number of tensors was saved "
                 "during the original forward and recomputation.\n"
                 f"Number of tensors saved during forward: {len(self.weak_holders)}\n"
-                f"Number of tensors saved during recomputation: {self.counter[gid]}.\n" + _DEBUG_TIP
+                f"Number of tensors saved during recomputation: {self.counter[gid]}.\n" + DEBUG_TIP
             )
         different = []
         for idx, wh in enumerate(self.weak_holders):
@@ -303,7 +302,7 @@ class _Frame:
             raise _tcp.CheckpointError(
                 "torch.utils.checkpoint: Recomputed values for the following tensors "
                 "have different metadata than during the forward pass.\n"
-                f"{''.join(different)}.\n" + _DEBUG_TIP
+                f"{''.join(different)}.\n" + DEBUG_TIP
             )
 
 
@@ -321,27 +320,8 @@ class _InputNames:
         return iter([r() if r is not None else None for r in self.refs])
 
 
-def _no_unpack(x):
+def no_unpack(x):
     return x
-
-
-def _metadata_fn(determinism_check: str):
-    checks = getattr(_tcp, "_allowed_determinism_checks_to_fns", None)
-    if checks is None:
-        checks = {"default": _metadata, "none": lambda _: None}
-    if determinism_check not in checks:
-        raise ValueError(
-            f"determinism_check should be one of {list(checks.keys())}, but got {determinism_check}"
-        )
-    return checks[determinism_check]
-
-
-def _device_context():
-    """The DeviceContext mode the forward runs under (the re-run respects it)."""
-    return next(
-        (m for m in reversed(_get_current_function_mode_stack()) if isinstance(m, DeviceContext)),
-        contextlib.nullcontext(),
-    )
 
 
 # Note [Early stop of a stateful re-run]
@@ -388,53 +368,25 @@ def _reproduced(txn) -> bool:
     return True
 
 
-# torch 2.14's saved-tensor hooks of checkpoint itself: selective checkpointing looks
-# through them (and only them) for the user's hooks, which its saved tensors then go
-# through (respect_saved_tensors_hooks). Where torch has them, the segment's hooks are
-# marked the same way, so that the user's hooks, not the segment's, are found.
-_TORCH_INTERNAL_HOOKS = getattr(_tcp, "_checkpoint_internal_hook", None)
-
-
-def _internal_hooks(pack, unpack):
-    if _TORCH_INTERNAL_HOOKS is None:
-        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-
-    def internal_pack(x):
-        return pack(x)
-
-    internal_pack._checkpoint_internal = True  # type: ignore[attr-defined]
-    return _TORCH_INTERNAL_HOOKS(internal_pack, unpack)
-
-
-def _checkpoint_nonreentrant(
-    function,
-    args,
-    kwargs,
-    txn,
-    child,
-    preserve,
-    context_fn,
-    metadata_fn,
-    debug,
-    early_stop,
-    *,
-    respect_saved_tensors_hooks=None,
-):
+def checkpoint_nonreentrant(call: SegmentCall, args, kwargs, txn, child):
+    """Runs the segment's forward under its saved-tensor hooks; ``child`` makes a fresh
+    transaction over the same state (see :class:`_Frame`)."""
+    function, context_fn, preserve = call.function, call.context_fn, call.preserve_rng_state
     unpack_error_cb = None
-    if _debug(debug):
+    if debug_on(call.debug):
         if context_fn is not _tcp.noop_context_fn:
             raise ValueError("debug=True is incompatible with non-default context_fn")
         context_fn, unpack_error_cb = _tcp._get_debug_context_and_cb()
-    device_type = _device_type(args)
+    device_type = device_type_of(args)
     forward_ctx, recompute_ctx = context_fn()
     if isinstance(forward_ctx, _tcp._CachingTorchDispatchMode):
         # Whether selective checkpointing's saved tensors go through the user's
         # saved_tensors_hooks (torch 2.14's option, set on its mode as torch sets it).
-        forward_ctx.respect_saved_tensors_hooks = respect_saved_tensors_hooks
-    autocast = _autocast_state(device_type)
-    device_ctx = _device_context()
+        forward_ctx.respect_saved_tensors_hooks = call.respect_saved_tensors_hooks
+    autocast = autocast_state(device_type)
+    device_ctx = device_context()
     gate = new_gate()
-    observer = _observer_of_segment()
+    observer = observer_of_segment()
 
     def run(inputs, t, g=gate):
         # The observer sits below the user's modes (context_fn): selective
@@ -443,11 +395,11 @@ def _checkpoint_nonreentrant(
         with autocast(), device_ctx, observer(t, g), recompute_ctx:
             function(*inputs, **kwargs)
 
-    frame = _Frame(txn, run, _early_stop(early_stop), metadata_fn, child, gate)
+    frame = _Frame(txn, run, early_stop_on(call.early_stop), call.metadata_fn, child, gate)
     names = _InputNames(args)  # names arguments in errors without holding them
 
     def unpack(holder):
-        with _named_errors(function, names, kwargs):
+        with named_errors(function, names, kwargs):
             if unpack_error_cb is None:
                 return frame.unpack(holder)
             try:
@@ -455,16 +407,16 @@ def _checkpoint_nonreentrant(
             except _tcp.CheckpointError as e:
                 unpack_error_cb(e)
 
-    leaves = _leaves(args) + (tree_flatten(kwargs)[0] if kwargs else [])
+    leaves = flat_leaves(args) + (tree_flatten(kwargs)[0] if kwargs else [])
     tensor_args = [a for a in leaves if isinstance(a, torch.Tensor)]
-    rng_devices = _rng_devices(args, preserve)
+    rng_devices = rng_devices_of(args, preserve)
     frame.save_inputs(args)  # under the outer hooks only (Note [Inputs through outer hooks])
     txn.begin_forward(tensor_args, rng_devices)
     del tensor_args, leaves
     suppressed = False
     try:
         with (
-            _internal_hooks(frame.pack, unpack),
+            internal_hooks(frame.pack, unpack),
             observer(txn, gate),
             forward_ctx,
         ):

@@ -20,7 +20,7 @@ path only (nothing here runs for a segment that succeeds):
   collector's objects (``model.layers.0.mlp.gate.bias (buffer of DeepseekV3ForCausalLM)``);
 * the messages spell torch_replay's options ``state=`` / ``engine=``; where the function
   would be handed those keywords (it has a parameter of that name, or takes ``**kwargs``:
-  Note [Option spelling] in checkpoint.py) they are rewritten to ``replay_state=`` /
+  Note [Option spelling] in _replay/api.py) they are rewritten to ``replay_state=`` /
   ``replay_engine=``, the spelling that works there.
 """
 
@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from ._ext import require_extension
-from .errors import ReplayError
+from .._ext import require_extension
+from ..errors import ReplayError
 
 _DEPTH = 4  # how deep the objects a function holds are followed
 _WIDTH = 64  # how many items of a list, tuple or dict held by a function are looked at
@@ -46,7 +46,7 @@ _WIDTH = 64  # how many items of a list, tuple or dict held by a function are lo
 # --------------------------------------------------------------- what it holds
 
 
-def _module_of(function) -> torch.nn.Module | None:
+def module_of(function) -> torch.nn.Module | None:
     """The module ``function`` is, or is a bound method of (None otherwise)."""
     if isinstance(function, torch.nn.Module):
         return function
@@ -57,7 +57,7 @@ def _module_of(function) -> torch.nn.Module | None:
 _KINDS = (torch.nn.Module, torch.Tensor)
 
 
-def _held(function, kinds: tuple = _KINDS) -> list[tuple[str | None, Any]]:
+def held_objects(function, kinds: tuple = _KINDS) -> list[tuple[str | None, Any]]:
     """``(variable name or None, object)`` for every object of ``kinds`` (modules and
     tensors by default) that ``function`` holds, the most direct first (Note [Naming in
     errors])."""
@@ -120,19 +120,19 @@ def _walk(obj, label, depth, out, seen, kinds) -> None:
             out.append((name, v))
 
 
-def _root_module(function) -> torch.nn.Module | None:
+def root_module(function) -> torch.nn.Module | None:
     """The first module ``function`` holds (itself, its ``__self__``, a partial's or a
     closure's), the root that declared state is named from."""
-    root = _module_of(function)
+    root = module_of(function)
     if root is not None:
         return root
-    return next((m for _, m in _held(function) if isinstance(m, torch.nn.Module)), None)
+    return next((m for _, m in held_objects(function) if isinstance(m, torch.nn.Module)), None)
 
 
 # ---------------------------------------------------------------------- names
 
 
-def _tensor_name(t: torch.Tensor, root: torch.nn.Module | None) -> str | None:
+def tensor_name(t: torch.Tensor, root: torch.nn.Module | None) -> str | None:
     """``path (buffer)`` / ``path (parameter)`` of ``t`` under ``root``, or None."""
     if root is None:
         return None
@@ -195,7 +195,7 @@ def _name_for_key(key: int, function, args, kwargs=None) -> str | None:
     def same(t) -> bool:
         return isinstance(t, torch.Tensor) and t.layout == torch.strided and C.storage_key(t) == key
 
-    held = _held(function)
+    held = held_objects(function)
     for label, obj in held:
         if isinstance(obj, torch.nn.Module):
             name = _in_module(key, label, obj)
@@ -233,7 +233,7 @@ def _signature_inputs(f, bound: bool) -> tuple:
     )
 
 
-def _accepts_keyword(function, name: str) -> bool | None:
+def accepts_keyword(function, name: str) -> bool | None:
     """True if ``function`` has a parameter ``name`` that can be passed by
     keyword, False if it certainly does not, None if it cannot tell.
 
@@ -258,7 +258,7 @@ def _accepts_keyword(function, name: str) -> bool | None:
 
 
 def _read_keyword(target, name: str) -> bool | None:
-    """``_accepts_keyword`` read from ``target``'s signature."""
+    """``accepts_keyword`` read from ``target``'s signature."""
     try:
         sig = inspect.signature(target)
     except (TypeError, ValueError):
@@ -276,11 +276,11 @@ _OPTION_WORD = re.compile(r"(?<![\w.'\"])(state|engine)=")
 
 def _respell(message: str, function) -> str:
     """``message`` with ``state=`` / ``engine=`` spelled as the checkpointed function
-    lets them through (Note [Option spelling] in checkpoint.py)."""
+    lets them through (Note [Option spelling] in _replay/api.py)."""
 
     def spelled(m: re.Match) -> str:
         word = m.group(1)
-        return f"replay_{word}=" if _accepts_keyword(function, word) is not False else m.group(0)
+        return f"replay_{word}=" if accepts_keyword(function, word) is not False else m.group(0)
 
     return _OPTION_WORD.sub(spelled, message)
 
@@ -304,7 +304,7 @@ def _enrich(exc: ReplayError, function, args, kwargs=None) -> ReplayError:
     return new
 
 
-class _named_errors:  # noqa: N801  (used as a function-style context manager)
+class named_errors:  # noqa: N801  (used as a function-style context manager)
     """Names the tensor a ReplayError raised inside the block is about, and spells the
     options as the function takes them (Note [Naming in errors]). A class, not a
     generator: it is entered on every saved-tensor unpack, where contextlib's generator

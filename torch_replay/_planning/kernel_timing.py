@@ -19,7 +19,7 @@ Fallbacks, each named in :attr:`KernelTiming.source` with the reason in
 
 Usage::
 
-    from torch_replay.kernel_timing import time_kernels
+    from torch_replay._planning.kernel_timing import time_kernels
     t = time_kernels(lambda: model(x), device="cuda", reps=3)
     t.seconds, t.source, t.kernels
 """
