@@ -10,27 +10,13 @@
 #include <utility>
 
 #include "aten/byte_devices.h"
-#include "aten/op_observer.h"
 #include "aten/tensor_bytes.h"
+#include "aten/write_watch.h"
 #include "core/status.h"
 
 namespace torch_replay::aten {
 
 using namespace detail;  // NOLINT(google-build-using-namespace)
-
-void journal_write_outside_segments(const at::Tensor& t) {
-  if (!observable(t)) {
-    if (declarable(t)) {  // no bytes yet, but its version moves: counted
-      RegionJournal::global().count_write(storage_key(t));
-    }
-    return;
-  }
-  const StorageKey key = storage_key(t);
-  auto& journal = RegionJournal::global();
-  if (journal.watched(key)) {  // journaled or marked (Note [Write marks])
-    journal.record_if_watched(key, ref_of(t.storage()), footprint_of(t));
-  }
-}
 
 namespace {
 
@@ -59,10 +45,6 @@ std::string kind_of_tensor(const at::Tensor& t) {
 }
 
 }  // namespace
-
-StorageKey storage_key(const at::Tensor& t) {
-  return reinterpret_cast<StorageKey>(t.storage().unsafeGetStorageImpl());
-}
 
 Transaction::Transaction(
     TransactionOptions options,

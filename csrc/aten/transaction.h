@@ -135,14 +135,6 @@ namespace torch_replay::aten {
 // run"); the simulated caches had shown last-level write misses in torch's
 // kernels 21% above the observation floor (perf_symbols_cache.md).
 
-// Address of the tensor's StorageImpl: the key of a storage everywhere.
-StorageKey storage_key(const at::Tensor& t);
-
-// Journals the bytes `t` covers if its storage was declared by a live
-// journal-engine segment (Note [Write watch]): called before a write made
-// outside any segment.
-void journal_write_outside_segments(const at::Tensor& t);
-
 struct TransactionOptions {
   std::string engine = "auto";
   bool preserve_rng_state = true;
