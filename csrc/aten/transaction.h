@@ -361,6 +361,45 @@ class Transaction {
       std::vector<at::Tensor>* parts,
       std::vector<bool>* part_writes,
       std::vector<bool>* part_returned);
+  // before_op, step by step (in this order; each after the one above):
+  // Whether the operator has a sparse argument; if so, it was observed as
+  // its strided parts (Note [Sparse tensors]) and refused if it writes one.
+  bool before_sparse_op(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      bool random,
+      const std::optional<at::Generator>& generator,
+      bool nested,
+      const std::vector<bool>& returned);
+  // Which storage each argument is and whether this run made it (in
+  // keys_scratch_ / own_scratch_); in the forward, also records the devices
+  // and pre-existing storages seen, and returns whether a float argument it
+  // reads carries a gradient (the taint of Note [Integer writes]).
+  bool scan_arguments(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      bool replay);
+  // Which generator a random operator draws from (the explicit one, else the
+  // default one of its first tensor's device), tracked or marked drawn.
+  void note_random_op(
+      const std::vector<at::Tensor>& tensors,
+      const std::optional<at::Generator>& generator,
+      bool replay);
+  // Which accesses touch state, recorded with the engines; every one is
+  // recorded before the first refusal among them is rethrown.
+  void record_accesses(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      bool replay);
+  // Whether a write must be refused: a float gradient carried into an
+  // integer tensor (Note [Integer writes]), or a write overlapping another
+  // view of its storage.
+  void refuse_writes(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      const std::vector<bool>& returned,
+      bool tainted_read,
+      bool replay);
   void forward_access(
       const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
   void replay_access(
