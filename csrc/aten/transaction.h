@@ -22,15 +22,6 @@
 //     refused before the op runs; abort_forward then rolls every touched
 //     byte and generator back.
 //
-// Note [Integer writes]
-// An operator that writes a value derived from a tensor requiring grad into
-// an integer tensor, and returns that tensor (`ibuf.copy_(x * 10)`, an
-// out= variant), cuts the gradient where the user means it to flow: it is
-// refused. A write the operator does not return is a side effect (the
-// running minimum, scale and zero point a fused fake-quantize observer
-// updates, batch norm's running statistics): autograd records no gradient
-// into it in eager either, and its value is the same in the re-run, so it
-// runs as eager.
 // Replay (begin_replay .. finish_replay):
 //   1. check_unchanged: undeclared tensors the forward saved for backward (or
 //      read, when asked) must not have been modified since; else
@@ -44,6 +35,16 @@
 //      must be at R_T, else StateMutationError / RngMismatchError.
 //   4. finish_replay puts L, the live generator states and the version
 //      counters back: the replay is invisible.
+
+// Note [Integer writes]
+// An operator that writes a value derived from a tensor requiring grad into
+// an integer tensor, and returns that tensor (`ibuf.copy_(x * 10)`, an
+// out= variant), cuts the gradient where the user means it to flow: it is
+// refused. A write the operator does not return is a side effect (the
+// running minimum, scale and zero point a fused fake-quantize observer
+// updates, batch norm's running statistics): autograd records no gradient
+// into it in eager either, and its value is the same in the re-run, so it
+// runs as eager.
 
 #include <ATen/ATen.h>
 #include <c10/util/flat_hash_map.h>
