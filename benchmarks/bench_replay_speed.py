@@ -73,7 +73,7 @@ ENGINES = ("auto", "journal", "readset", "guard", "snapshot")
 # noise floor of the group (what a ratio means when nothing differs).
 AGAIN = "torch's checkpoint again (A/A: the noise floor)"
 # torch's own variant under callbacks that do nothing, registered as the observer's
-# and the write watch's are (Note [Observation floor] in csrc/aten/op_observer.h).
+# and the write watch's are (Note [Observation floor] in csrc/aten/observation_floor.h).
 FLOOR_SWITCH = "torch's checkpoint + the floor's switch, nothing registered"
 FLOOR = "torch's checkpoint + do-nothing observer callback (floor)"
 FLOOR_WATCH = "torch's checkpoint + do-nothing observer and watch callbacks (floor)"

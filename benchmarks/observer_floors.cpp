@@ -2,7 +2,7 @@
 // Benchmark-only callbacks that do nothing, built on first use by
 // benchmarks/bench_replay_speed.py (its "floors" group), never part of the
 // torch_replay extension. Note [Observation floor] in
-// csrc/aten/op_observer.h prices the observer's own registration (a
+// csrc/aten/observation_floor.h prices the observer's own registration (a
 // thread-local RecordFunction callback given every operator's inputs and
 // outputs). These price the other ways to see operators, so that the floor
 // is a property of seeing arguments, not of one mechanism:

@@ -31,9 +31,10 @@ if [ "${ASAN_PARTIAL:-0}" = "1" ]; then
   [ -f "$NORMAL/build.ninja" ] || { echo "no normal build in build/temp.*"; exit 2; }
   cflags="$(sed -n 's/^cflags = //p' "$NORMAL/build.ninja")"
   post="$(sed -n 's/^post_cflags = //p' "$NORMAL/build.ninja" | sed "s/$OPT_LEVEL//g")"
-  asan_sources="csrc/aten/op_observer.cpp csrc/aten/transaction.cpp
+  asan_sources="csrc/aten/op_observer.cpp csrc/aten/operator_facts.cpp
+    csrc/aten/write_watch.cpp csrc/aten/observation_floor.cpp csrc/aten/transaction.cpp
     csrc/aten/transaction_replay.cpp csrc/aten/tensor_bytes.cpp csrc/aten/byte_devices.cpp
-    csrc/aten/generator_state.cpp csrc/aten/segment_function.cpp csrc/aten/bind_replay.cpp
+    csrc/aten/generator_state.cpp csrc/aten/segment_function.cpp csrc/python/bind_replay.cpp
     csrc/aten/counting_allocator.cpp csrc/core/byte_kernels.cpp csrc/core/byte_ranges.cpp
     csrc/core/preservation_engine.cpp csrc/core/region_journal.cpp
     csrc/core/region_store.cpp csrc/aten/storage_reshape.cpp"

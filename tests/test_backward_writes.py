@@ -11,7 +11,7 @@ writes land after it). torch.utils.checkpoint re-runs seg1 on the new buffer and
 wrong (checked, so each write really lands before the re-run); torch_replay must give
 eager's gradient bit for bit, or refuse with the guard, which keeps nothing.
 
-The write watch (Note [Write watch] in csrc/aten/op_observer.h) must see each of these
+The write watch (Note [Write watch] in csrc/aten/write_watch.h) must see each of these
 writes, the one a dispatch mode makes inside another operator's dispatch included.
 """
 

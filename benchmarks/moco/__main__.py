@@ -62,7 +62,7 @@ DIFFERENCES = """\
   be: its re-run of the head reads the queue after the in-place enqueue (and updates BatchNorm
   statistics a second time); it is shown to differ. The region journal records the
   enqueue too (a write outside any segment is journaled before it happens; Note [Write
-  watch] in `csrc/aten/op_observer.h`), keeping only the enqueued rows (0.07 MiB against
+  watch] in `csrc/aten/write_watch.h`), keeping only the enqueued rows (0.07 MiB against
   the snapshot's 8 MiB here); so the remaining six methods are byte-identical, the
   source's seven less torch's checkpoint, which the source did not run.
 - **Plans.** The joint and eager/whole planners choose from costs calibrated on this model

@@ -7,9 +7,8 @@
 #include <sstream>
 #include <utility>
 
-#include "aten/op_observer.h"
+#include "aten/operator_facts.h"
 #include "aten/tensor_bytes.h"
-#include "aten/transaction.h"
 #include "core/status.h"
 
 namespace torch_replay::aten {

@@ -8,6 +8,14 @@
 
 #include "aten/byte_devices.h"
 
+namespace torch_replay::aten {
+
+StorageKey storage_key(const at::Tensor& t) {
+  return reinterpret_cast<StorageKey>(t.storage().unsafeGetStorageImpl());
+}
+
+}  // namespace torch_replay::aten
+
 namespace torch_replay::aten::detail {
 
 JournalRegistry& journal_registry() {

@@ -3,8 +3,9 @@
 // What the Transaction needs of a tensor's bytes (Note [Replay protocol]):
 // whether it is state at all, its exact byte footprint, a raw reference to
 // its storage, version counters, and the registry of storages that journal
-// segments declared (to find their bytes when the journal is undone).
-// Internal to transaction*.cpp.
+// segments declared (to find their bytes when the journal is undone); and
+// the key of a storage. Internal to the ATen adapter (transaction*.cpp, the
+// operator callbacks, the audit).
 
 #include <ATen/ATen.h>
 #include <c10/util/intrusive_ptr.h>
@@ -16,6 +17,14 @@
 
 #include "core/byte_ranges.h"
 #include "core/region_store.h"
+
+namespace torch_replay::aten {
+
+// Address of the tensor's StorageImpl: the key of a storage everywhere (Note
+// [Storage keys] in aten/transaction.h).
+StorageKey storage_key(const at::Tensor& t);
+
+}  // namespace torch_replay::aten
 
 namespace torch_replay::aten::detail {
 

@@ -10,27 +10,13 @@
 #include <utility>
 
 #include "aten/byte_devices.h"
-#include "aten/op_observer.h"
 #include "aten/tensor_bytes.h"
+#include "aten/write_watch.h"
 #include "core/status.h"
 
 namespace torch_replay::aten {
 
 using namespace detail;  // NOLINT(google-build-using-namespace)
-
-void journal_write_outside_segments(const at::Tensor& t) {
-  if (!observable(t)) {
-    if (declarable(t)) {  // no bytes yet, but its version moves: counted
-      RegionJournal::global().count_write(storage_key(t));
-    }
-    return;
-  }
-  const StorageKey key = storage_key(t);
-  auto& journal = RegionJournal::global();
-  if (journal.watched(key)) {  // journaled or marked (Note [Write marks])
-    journal.record_if_watched(key, ref_of(t.storage()), footprint_of(t));
-  }
-}
 
 namespace {
 
@@ -59,10 +45,6 @@ std::string kind_of_tensor(const at::Tensor& t) {
 }
 
 }  // namespace
-
-StorageKey storage_key(const at::Tensor& t) {
-  return reinterpret_cast<StorageKey>(t.storage().unsafeGetStorageImpl());
-}
 
 Transaction::Transaction(
     TransactionOptions options,
@@ -345,6 +327,33 @@ void Transaction::before_op(
     const std::vector<bool>& returned) {
   TORCH_INTERNAL_ASSERT(tensors.size() == writes.size());
   TORCH_INTERNAL_ASSERT(returned.empty() || returned.size() == writes.size());
+  if (before_sparse_op(tensors, writes, random, generator, nested, returned)) {
+    return;
+  }
+  const bool replay = phase_ == Phase::kReplay;
+  require_phase(replay || phase_ == Phase::kForward, "observe an operator");
+  if (!nested) {
+    // Before the operator allocates its results (Note [Storage keys]).
+    forget_dead(replay ? replay_internal_ : internal_);
+  }
+  const bool tainted_read = scan_arguments(tensors, writes, replay);
+  if (!nested) {
+    last_op_tainted_ = tainted_read;
+  }
+  if (random || generator.has_value()) {
+    note_random_op(tensors, generator, replay);
+  }
+  record_accesses(tensors, writes, replay);
+  refuse_writes(tensors, writes, returned, tainted_read, replay);
+}
+
+bool Transaction::before_sparse_op(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    bool random,
+    const std::optional<at::Generator>& generator,
+    bool nested,
+    const std::vector<bool>& returned) {
   for (const at::Tensor& t : tensors) {
     if (t.defined() && t.layout() != at::kStrided) {
       std::vector<at::Tensor> parts;
@@ -365,16 +374,16 @@ void Transaction::before_op(
             "the checkpointed segment.",
             refused);
       }
-      return;
+      return true;
     }
   }
-  const bool replay = phase_ == Phase::kReplay;
-  require_phase(replay || phase_ == Phase::kForward, "observe an operator");
-  if (!nested) {
-    // Before the operator allocates its results (Note [Storage keys]).
-    forget_dead(replay ? replay_internal_ : internal_);
-  }
+  return false;
+}
 
+bool Transaction::scan_arguments(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    bool replay) {
   // Keys, devices, and grad taint of the reads; whether each storage is the
   // segment's own (made by it), looked up once for both loops.
   std::vector<StorageKey>& keys = keys_scratch_;  // (callbacks never nest)
@@ -409,29 +418,34 @@ void Transaction::before_op(
       }
     }
   }
+  return tainted_read;
+}
 
-  if (!nested) {
-    last_op_tainted_ = tainted_read;
-  }
-
-  // Generators.
-  if (random || generator.has_value()) {
-    c10::Device device(c10::kCPU);
-    for (const auto& t : tensors) {
-      if (t.defined()) {
-        device = t.device();
-        break;
-      }
-    }
-    if (replay) {
-      note_replay_draw(device, generator);
-    } else {
-      track_random_use(device, generator);
+void Transaction::note_random_op(
+    const std::vector<at::Tensor>& tensors,
+    const std::optional<at::Generator>& generator,
+    bool replay) {
+  c10::Device device(c10::kCPU);
+  for (const auto& t : tensors) {
+    if (t.defined()) {
+      device = t.device();
+      break;
     }
   }
+  if (replay) {
+    note_replay_draw(device, generator);
+  } else {
+    track_random_use(device, generator);
+  }
+}
 
+void Transaction::record_accesses(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    bool replay) {
+  const std::vector<StorageKey>& keys = keys_scratch_;
+  const std::vector<char>& own = own_scratch_;
   std::exception_ptr refused;
-  // State accesses.
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (keys[i] == 0) {
       continue;
@@ -469,6 +483,15 @@ void Transaction::before_op(
   if (refused) {
     std::rethrow_exception(refused);
   }
+}
+
+void Transaction::refuse_writes(
+    const std::vector<at::Tensor>& tensors,
+    const std::vector<bool>& writes,
+    const std::vector<bool>& returned,
+    bool tainted_read,
+    bool replay) {
+  const std::vector<StorageKey>& keys = keys_scratch_;
   // Refuse raw overlapping writes and float gradients through integer writes
   // (after the accesses above are recorded, so that a rollback restores them).
   for (size_t i = 0; i < tensors.size(); ++i) {

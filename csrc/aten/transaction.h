@@ -22,15 +22,6 @@
 //     refused before the op runs; abort_forward then rolls every touched
 //     byte and generator back.
 //
-// Note [Integer writes]
-// An operator that writes a value derived from a tensor requiring grad into
-// an integer tensor, and returns that tensor (`ibuf.copy_(x * 10)`, an
-// out= variant), cuts the gradient where the user means it to flow: it is
-// refused. A write the operator does not return is a side effect (the
-// running minimum, scale and zero point a fused fake-quantize observer
-// updates, batch norm's running statistics): autograd records no gradient
-// into it in eager either, and its value is the same in the re-run, so it
-// runs as eager.
 // Replay (begin_replay .. finish_replay):
 //   1. check_unchanged: undeclared tensors the forward saved for backward (or
 //      read, when asked) must not have been modified since; else
@@ -44,6 +35,16 @@
 //      must be at R_T, else StateMutationError / RngMismatchError.
 //   4. finish_replay puts L, the live generator states and the version
 //      counters back: the replay is invisible.
+
+// Note [Integer writes]
+// An operator that writes a value derived from a tensor requiring grad into
+// an integer tensor, and returns that tensor (`ibuf.copy_(x * 10)`, an
+// out= variant), cuts the gradient where the user means it to flow: it is
+// refused. A write the operator does not return is a side effect (the
+// running minimum, scale and zero point a fused fake-quantize observer
+// updates, batch norm's running statistics): autograd records no gradient
+// into it in eager either, and its value is the same in the re-run, so it
+// runs as eager.
 
 #include <ATen/ATen.h>
 #include <c10/util/flat_hash_map.h>
@@ -134,14 +135,6 @@ namespace torch_replay::aten {
 // of it in torch_replay's code (benchmarks/results/replay_speed.md, "Eighth
 // run"); the simulated caches had shown last-level write misses in torch's
 // kernels 21% above the observation floor (perf_symbols_cache.md).
-
-// Address of the tensor's StorageImpl: the key of a storage everywhere.
-StorageKey storage_key(const at::Tensor& t);
-
-// Journals the bytes `t` covers if its storage was declared by a live
-// journal-engine segment (Note [Write watch]): called before a write made
-// outside any segment.
-void journal_write_outside_segments(const at::Tensor& t);
 
 struct TransactionOptions {
   std::string engine = "auto";
@@ -369,6 +362,45 @@ class Transaction {
       std::vector<at::Tensor>* parts,
       std::vector<bool>* part_writes,
       std::vector<bool>* part_returned);
+  // before_op, step by step (in this order; each after the one above):
+  // Whether the operator has a sparse argument; if so, it was observed as
+  // its strided parts (Note [Sparse tensors]) and refused if it writes one.
+  bool before_sparse_op(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      bool random,
+      const std::optional<at::Generator>& generator,
+      bool nested,
+      const std::vector<bool>& returned);
+  // Which storage each argument is and whether this run made it (in
+  // keys_scratch_ / own_scratch_); in the forward, also records the devices
+  // and pre-existing storages seen, and returns whether a float argument it
+  // reads carries a gradient (the taint of Note [Integer writes]).
+  bool scan_arguments(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      bool replay);
+  // Which generator a random operator draws from (the explicit one, else the
+  // default one of its first tensor's device), tracked or marked drawn.
+  void note_random_op(
+      const std::vector<at::Tensor>& tensors,
+      const std::optional<at::Generator>& generator,
+      bool replay);
+  // Which accesses touch state, recorded with the engines; every one is
+  // recorded before the first refusal among them is rethrown.
+  void record_accesses(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      bool replay);
+  // Whether a write must be refused: a float gradient carried into an
+  // integer tensor (Note [Integer writes]), or a write overlapping another
+  // view of its storage.
+  void refuse_writes(
+      const std::vector<at::Tensor>& tensors,
+      const std::vector<bool>& writes,
+      const std::vector<bool>& returned,
+      bool tainted_read,
+      bool replay);
   void forward_access(
       const at::Tensor& t, StorageKey key, const RangeSet& fp, bool write);
   void replay_access(

@@ -12,9 +12,9 @@
 #include <utility>
 
 #include "aten/byte_devices.h"
-#include "aten/op_observer.h"
 #include "aten/tensor_bytes.h"
 #include "aten/transaction.h"
+#include "aten/write_watch.h"
 #include "core/status.h"
 
 namespace torch_replay::aten {

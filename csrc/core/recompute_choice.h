@@ -1,9 +1,9 @@
 #pragma once
 
 // Exact choice of recomputations under a cost budget (Note [Recomputation
-// choice] in inductor_pass/recompute.py). Each candidate i changes the level
-// (live bytes plus transient) of every base position t by deltas[i][t] and
-// adds an event, the level event_level[i] of its replay block just before
+// choice] in inductor_pass/stages/recompute.py). Each candidate i changes the
+// level (live bytes plus transient) of every base position t by deltas[i][t]
+// and adds an event, the level event_level[i] of its replay block just before
 // position event_pos[i]. For a set C the peak is
 //   max( max_t base[t] + sum_{i in C} deltas[i][t],
 //        max_{i in C} event_level[i] + sum_{j in C, j != i}

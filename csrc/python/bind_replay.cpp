@@ -5,8 +5,10 @@
 #include <unordered_set>
 #include <vector>
 
+#include "aten/observation_floor.h"
 #include "aten/op_observer.h"
 #include "aten/segment_function.h"
+#include "aten/tensor_bytes.h"
 #include "aten/transaction.h"
 #include "core/region_journal.h"
 #include "core/status.h"
