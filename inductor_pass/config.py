@@ -6,8 +6,9 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Literal
 
-__all__ = ["SALT", "PassConfig", "get_config", "set_config"]
+__all__ = ["SALT", "FailurePoint", "PassConfig", "get_config", "set_config"]
 
 SALT = "salt"
 """Key of the metadata every :class:`PassConfig` field has. True: the option can change
@@ -17,6 +18,10 @@ program (printing, caching, or work skipped only where it cannot change the choi
 
 _CHANGES_PROGRAMS = MappingProxyType({SALT: True})
 _KEEPS_PROGRAMS = MappingProxyType({SALT: False})
+
+FailurePoint = Literal["parse", "profile", "search", "guard", "fork-fail", "fork-hang"]
+"""Where ``PassConfig.inject_failure`` makes the pass fail: a stage of the pass, or the
+forked variant child (fails, or hangs)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -79,7 +84,7 @@ class PassConfig:
     cost (MACs of convolutions/matmuls plus one per element written by other kernels)."""
     recompute_max_chain: int = field(default=16, metadata=_CHANGES_PROGRAMS)
     """Longest chain of kernels re-emitted for one buffer."""
-    inject_failure: str | None = field(default=None, metadata=_CHANGES_PROGRAMS)
+    inject_failure: FailurePoint | None = field(default=None, metadata=_CHANGES_PROGRAMS)
     """Testing: raise inside the pass at this stage (``"parse"``, ``"profile"``,
     ``"search"``, ``"guard"``), or make the forked variant child fail (``"fork-fail"``) or
     hang (``"fork-hang"``), to exercise the fallback."""

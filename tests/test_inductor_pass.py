@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
 import textwrap
+import typing
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inductor_pass  # registers the torch_replay backend
-from inductor_pass.config import SALT, PassConfig
+from inductor_pass.config import SALT, FailurePoint, PassConfig
 from inductor_pass.program import units as U
 from inductor_pass.program.wrapper_ast import (
     StmtKind,
@@ -535,6 +537,18 @@ def test_uuid_changes_with_exactly_the_salted_fields(name):
     assert getattr(other, name) != getattr(base, name)
     changed = TorchReplayPass(base).uuid() != TorchReplayPass(other).uuid()
     assert changed == f.metadata[SALT], name
+
+
+def test_choice_fields_are_literals():
+    hints = typing.get_type_hints(PassConfig)
+    assert hints["inject_failure"] == FailurePoint | None
+    # Each failure point is one the pass checks for: a stage, or the forked child.
+    from inductor_pass.stages import rewrite
+    from inductor_pass.variants import fork
+
+    checked = inspect.getsource(rewrite) + inspect.getsource(fork)
+    for point in typing.get_args(FailurePoint):
+        assert f'stage("{point}")' in checked or f'inject == "{point}"' in checked, point
 
 
 def test_backend_is_registered():
