@@ -135,6 +135,34 @@ def test_observer_sees_each_compile_and_first_call(one_thread):
     assert idle.events == []
 
 
+def test_inner_compiles_get_the_backend_calls_hook_state(monkeypatch, one_thread):
+    # Note [Hook state]: one HookState per backend call, carrying the config; the
+    # forward's inner compile and the backward's (lazily, after the backend call) get
+    # that object and make it current; nothing the inner compiles armed stays in it.
+    from inductor_pass.runtime import backend, state, variant_compile
+
+    made, seen = [], []
+
+    def recording(**kwargs):
+        made.append(state.HookState(**kwargs))
+        return made[-1]
+
+    def spy(gm, example_inputs, kw, hook_state):
+        seen.append((hook_state, state.current()))
+        return compile_with_variants(gm, example_inputs, kw, hook_state)
+
+    compile_with_variants = variant_compile.compile_with_variants
+    monkeypatch.setattr(backend, "HookState", recording)
+    monkeypatch.setattr(variant_compile, "compile_with_variants", spy)
+    cfg = inductor_pass.PassConfig(decision_cache=False, variants=())
+    torch.manual_seed(0)
+    _two_steps(ConstantScaled(), torch.randn(3, 4), inductor_pass.make_backend(cfg))
+    assert len(made) == 1 and made[0].config is cfg
+    assert len(seen) == 2  # forward, then backward at the first backward
+    assert all(given is made[0] and now is made[0] for given, now in seen)
+    assert made[0].armed == [] and state.current() is None
+
+
 _WARNINGS = textwrap.dedent(
     """
     import json, sys, warnings

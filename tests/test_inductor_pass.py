@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import inspect
 import textwrap
+import typing
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import inductor_pass  # registers the torch_replay backend
-from inductor_pass.config import PassConfig
+from inductor_pass.config import SALT, FailurePoint, PassConfig
 from inductor_pass.program import units as U
 from inductor_pass.program.wrapper_ast import (
     StmtKind,
@@ -20,7 +23,7 @@ from inductor_pass.program.wrapper_ast import (
     parse_wrapper,
     render_region,
 )
-from inductor_pass.runtime.salt import TorchReplayPass
+from inductor_pass.runtime.salt import TorchReplayPass, salted_fields
 from inductor_pass.stages.guard import counting_window
 from tests.inductor_support import call_peak, pass_config
 
@@ -493,6 +496,59 @@ def test_uuid_hashes_sources_and_config():
     assert a != TorchReplayPass(PassConfig(all_writes=True)).uuid()
     # Printing/dumping options do not change the program.
     assert a == TorchReplayPass(PassConfig(report=True)).uuid()
+
+
+# A value other than the default for each PassConfig field.
+_OTHER_VALUE = {
+    "enabled": False,
+    "deploy": False,
+    "use_core": False,
+    "time_limit_s": 2.0,
+    "check_effects": False,
+    "all_writes": True,
+    "ablation": True,
+    "report": True,
+    "dump_dir": "/nonexistent/dump",
+    "variants": (),
+    "variant_bound": False,
+    "fork_variants": False,
+    "decision_cache": False,
+    "recompute": True,
+    "recompute_budget": 0.5,
+    "recompute_max_chain": 4,
+    "inject_failure": "search",
+}
+
+
+def test_every_config_field_says_whether_it_changes_programs():
+    # A new field must choose: metadata {SALT: True} (salts the caches) or {SALT: False}.
+    fields = dataclasses.fields(PassConfig)
+    for f in fields:
+        assert isinstance(f.metadata.get(SALT), bool), f"PassConfig.{f.name}: no {SALT!r}"
+    assert salted_fields() == tuple(f.name for f in fields if f.metadata[SALT])
+    assert set(_OTHER_VALUE) == {f.name for f in fields}  # a new field needs a value here
+
+
+@pytest.mark.parametrize("name", sorted(_OTHER_VALUE))
+def test_uuid_changes_with_exactly_the_salted_fields(name):
+    (f,) = [f for f in dataclasses.fields(PassConfig) if f.name == name]
+    base = PassConfig(report=False, dump_dir=None)  # not the environment's
+    other = dataclasses.replace(base, **{name: _OTHER_VALUE[name]})
+    assert getattr(other, name) != getattr(base, name)
+    changed = TorchReplayPass(base).uuid() != TorchReplayPass(other).uuid()
+    assert changed == f.metadata[SALT], name
+
+
+def test_choice_fields_are_literals():
+    hints = typing.get_type_hints(PassConfig)
+    assert hints["inject_failure"] == FailurePoint | None
+    # Each failure point is one the pass checks for: a stage, or the forked child.
+    from inductor_pass.stages import rewrite
+    from inductor_pass.variants import fork
+
+    checked = inspect.getsource(rewrite) + inspect.getsource(fork)
+    for point in typing.get_args(FailurePoint):
+        assert f'stage("{point}")' in checked or f'inject == "{point}"' in checked, point
 
 
 def test_backend_is_registered():

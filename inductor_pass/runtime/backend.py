@@ -159,25 +159,34 @@ def install_post_compile_hook() -> bool:
     return kernels.wrap_once(CompiledFxGraph, "post_compile", make)
 
 
-def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: PassConfig, **kw):
+def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _state: HookState, **kw):
+    """Inductor's inner compile of one graph under its backend call's ``_state`` (Note [Hook state]).
 
+    The state is made current again here: a backward graph is compiled
+    lazily, at the first backward, after the backend call has returned.
+    """
+    config = _state.config
+    assert config is not None
     kind = _kind(kw)
     notify("before_inner_compile", gm, example_inputs, kw)
-    state = HookState(config=_config)
-    with active(state), span("inner compile"):
-        hooked = install_post_compile_hook()
-        out, variants = variant_compile.compile_with_variants(gm, example_inputs, kw, state)
+    start = len(_state.armed)  # what this compile arms; earlier ones are not its
+    try:
+        with active(_state), span("inner compile"):
+            hooked = install_post_compile_hook()
+            out, variants = variant_compile.compile_with_variants(gm, example_inputs, kw, _state)
+        armed = _state.armed[-1] if len(_state.armed) > start else None
+    finally:
+        del _state.armed[start:]
     notify(
         "variants_compiled", getattr(out, "source_code", None), variants.variants, variants.notes
     )
-    armed = state.armed[-1] if state.armed else None
     if armed is not None:
         armed.variants.extend(variants.variants)
         armed.variant_notes.extend(variants.notes)
         source = getattr(out, "source_code", None)
-        if variants.variants and isinstance(source, str) and decision_cache.enabled(_config):
+        if variants.variants and isinstance(source, str) and decision_cache.enabled(config):
             decision_cache.store_variants(
-                decision_cache.variants_key(source, pass_uuid(_config)),
+                decision_cache.variants_key(source, pass_uuid(config)),
                 {v.name: v.program.source for v in variants.variants},
             )
     if not hooked:
@@ -188,9 +197,9 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _config: Pa
             type(runner), "call", None
         )
         if bare:
-            run_pass(out, example_inputs, kind, _config)
+            run_pass(out, example_inputs, kind, config)
         else:
-            _unchanged(kind, "this torch has no CompiledFxGraph.post_compile hook", _config)
+            _unchanged(kind, "this torch has no CompiledFxGraph.post_compile hook", config)
     notify("after_inner_compile", gm, example_inputs, kw, out)
     return out
 
@@ -229,15 +238,20 @@ def make_backend(config: PassConfig | None = None):
                 no_aot_cache = functorch_config.patch(enable_autograd_cache=False)
             except Exception:
                 pass
-        # The state also arms graphs loaded from AOTAutograd's cache (they skip the inner compile).
-        with no_aot_cache, active(HookState(config=cfg)):
-            install_post_compile_hook()
-            return compile_fx(
-                gm,
-                example_inputs,
-                inner_compile=functools.partial(_inner_compile, _config=cfg),
-                config_patches=patches,
-            )
+        # The state also arms graphs loaded from AOTAutograd's cache (they skip the inner
+        # compile); the inner compile, also the lazy backward's, gets the same object.
+        state = HookState(config=cfg)
+        try:
+            with no_aot_cache, active(state):
+                install_post_compile_hook()
+                return compile_fx(
+                    gm,
+                    example_inputs,
+                    inner_compile=functools.partial(_inner_compile, _state=state),
+                    config_patches=patches,
+                )
+        finally:
+            state.armed.clear()  # the graphs hold their passes; the state outlives this call
 
     backend.__name__ = "torch_replay"
     return backend

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import os
@@ -9,9 +10,9 @@ from typing import Any
 
 import torch
 
-from inductor_pass.config import PassConfig
+from inductor_pass.config import SALT, PassConfig
 
-__all__ = ["TorchReplayPass", "pass_uuid"]
+__all__ = ["TorchReplayPass", "pass_uuid", "salted_fields"]
 
 
 try:  # probed: the base class moved across versions
@@ -52,10 +53,7 @@ class TorchReplayPass(_PassBase):  # type: ignore[misc,valid-type]
         for name, text in _package_sources():
             h.update(name.encode())
             h.update(text)
-        cfg = {k: getattr(self.config, k) for k in self.config.__slots__}  # type: ignore[attr-defined]
-        # These do not change any program (a variant is only skipped when it cannot win).
-        for key in ("report", "dump_dir", "decision_cache", "variant_bound", "fork_variants"):
-            cfg.pop(key, None)
+        cfg = {k: getattr(self.config, k) for k in salted_fields()}
         h.update(repr(sorted(cfg.items())).encode())
         if self.chained is not None:
             inner = getattr(self.chained, "uuid", lambda: None)()
@@ -66,6 +64,26 @@ class TorchReplayPass(_PassBase):  # type: ignore[misc,valid-type]
 def pass_uuid(config: PassConfig) -> str:
     """``TorchReplayPass(config).uuid()``: the key part the pass's own caches share."""
     return TorchReplayPass(config).uuid()
+
+
+@functools.cache
+def salted_fields() -> tuple[str, ...]:
+    """The :class:`PassConfig` fields that salt the caches: those whose metadata says so.
+
+    Raises:
+        TypeError: A field that does not say whether it changes programs
+            (no :data:`~inductor_pass.config.SALT` in its metadata).
+    """
+    out = []
+    for f in dataclasses.fields(PassConfig):
+        if SALT not in f.metadata:
+            raise TypeError(
+                f"PassConfig.{f.name} does not say whether it changes programs: "
+                f"give it metadata {{{SALT!r}: True or False}}"
+            )
+        if f.metadata[SALT]:
+            out.append(f.name)
+    return tuple(out)
 
 
 @functools.cache

@@ -6,7 +6,10 @@ the pass into Inductor] in ``inductor_pass/runtime/backend.py``); the wrapper
 acts only for a compile the backend runs. Each backend call owns one
 :class:`HookState` and makes it this thread's current state for the duration
 (:func:`active`, a ``contextvars.ContextVar``); the inner compile it starts
-receives the same object as an argument. The hook reads it with
+receives the same object as an argument (and nothing else from the backend)
+and makes it current again (a backward graph is compiled lazily, after the
+backend call has returned). The pass's options travel in it too
+(``HookState.config``), by no other route. The hook reads it with
 :func:`current`. Nothing else is shared between the hooks and the backend.
 """
 
@@ -44,7 +47,8 @@ class HookState:
     """``id(variant module globals)`` -> why its kernels failed to build."""
     armed: list[FirstCallPass] = field(default_factory=list)
     """The passes the hook armed, in order (the inner compile gives the default
-    program's its variants)."""
+    program's its variants, then removes those it armed; the backend call empties
+    it when it returns)."""
 
 
 _CURRENT: contextvars.ContextVar[HookState | None] = contextvars.ContextVar(

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from inductor_pass.config import PassConfig
+from inductor_pass.config import FailurePoint, PassConfig
 from inductor_pass.observe import notify, span
 from inductor_pass.program.wrapper_ast import parse_wrapper, render_region
 from inductor_pass.report import GraphReport
@@ -96,7 +96,7 @@ def optimize_wrapper(
     t0 = time.perf_counter()
     rep = GraphReport(kind=kind, original_source=source)
 
-    def stage(name: str) -> None:
+    def stage(name: FailurePoint) -> None:
         if config.inject_failure == name:
             raise InjectedFailure(f"injected failure at stage {name!r}")
 

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from inductor_pass.config import FailurePoint
 from inductor_pass.program.wrapper_ast import parse_wrapper, unbound_names
 from inductor_pass.variants.choose import Program, Variant
 from inductor_pass.variants.kernels import lazy_kernels
@@ -80,7 +81,7 @@ def start(
     kw: dict[str, Any],
     name: str,
     patch: dict[str, Any],
-    inject: str | None = None,
+    inject: FailurePoint | None = None,
     in_child: Callable[[], None] | None = None,
 ) -> Forked:
     """Fork a child that generates the variant ``name`` of ``gm`` (see the Note).
@@ -130,7 +131,7 @@ def _child(
     example_inputs: Any,
     kw: dict[str, Any],
     patch: dict[str, Any],
-    inject: str | None,
+    inject: FailurePoint | None,
     in_child: Callable[[], None] | None,
 ) -> None:
     status: tuple[str, str] = ("error", "Inductor produced no Python wrapper")
