@@ -1,6 +1,23 @@
 """torch_replay: replay-safe activation checkpointing and certified peak memory.
 
-The public names are listed in ``__all__``; the user's guide is in ``docs/``.
+The public names are listed in ``__all__``; the user's guide is in ``docs/``. The rooms,
+in the order a call travels:
+
+- ``checkpoint()`` (``_replay/``): ``api`` parses torch's and torch_replay's options into
+  one ``call.SegmentCall`` under the settings of ``config``; ``segment`` builds its C++
+  Transaction from the declared state; ``nonreentrant`` or ``reentrant`` runs it under
+  the observer (``observe``) and drives the re-run in backward, or ``compiled`` hands it
+  to Dynamo's checkpoint region; ``naming`` names tensors in errors; ``fsdp`` hides
+  FSDP2's traffic; ``drop_in`` reads the installed torch's signature.
+- Wrapping modules: ``wrapper`` (``checkpoint_wrapper``, ``apply_activation_checkpointing``)
+  and ``integrations/`` (transformers), over ``checkpoint()``.
+- Planning (``_planning/``): ``planner.plan`` on the option model (``options``);
+  ``planned.PlannedSequential`` and ``layer_budget.plan_layers`` measure with ``runner``,
+  ``peak``, ``layer_costs`` and ``kernel_timing``, and plan with ``layer_order``;
+  ``calibrate/`` measures costs files; ``schedule`` and ``step_peak`` stand apart.
+- Checking: ``audit/`` (is a model safe to checkpoint), ``verify/`` (the replay-contract
+  suites, ``suites``), ``testing`` (for users' test suites).
+
 ``calibrate_model`` is imported on first use, so that ``python -m
 torch_replay.calibrate`` runs its module only once.
 """

@@ -1,7 +1,7 @@
 #pragma once
 
 // Note [Counting CPU allocator]
-// The Inductor pass (inductor_pass/guard.py) must measure the exact live and
+// The Inductor pass (inductor_pass/stages/guard.py) must measure the exact live and
 // peak bytes of one run of a generated wrapper on CPU, to the byte, and check
 // them against its modelled peak (design.md §3.1, Theorem 1). Inductor's CPU
 // wrapper allocates through empty_strided_cpu and torch.empty_strided, and

@@ -16,7 +16,7 @@
 //     Nested segments stack; an operator is shown to every transaction on
 //     the stack, innermost first, except those whose gate is paused (a
 //     segment re-run from inside its own forward is observed by a separate
-//     transaction; see torch_replay/_replay/api.py `_Frame`).
+//     transaction; see torch_replay/_replay/nonreentrant.py `_Frame`).
 //   * Which operators: every dispatcher call (RecordScope::FUNCTION),
 //     composite operators and the operators they decompose into alike, but
 //     not the kernels an autograd kernel redispatches to. Views are skipped:

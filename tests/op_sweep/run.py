@@ -7,8 +7,8 @@ operator itself wrote). Then ``torch_replay.checkpoint`` runs the same program i
 mode (observer ``"c++"`` / ``"python"`` x ``use_reentrant`` x undeclared / declared
 ``state=``) and each run is classified. Undeclared runs are at ``tr.config.detect =
 "preserve"``, the level that answers without ``state=`` (under ``"reads"``, the default,
-the C++ observer refused every undeclared case by name: benchmarks/results/op_sweep.md at
-287befa); declared runs are at the default:
+an undeclared case is refused by name rather than answered); declared runs are at the
+default:
 
 * ``right``: eager's gradient and eager's tensors after backward;
 * ``refused``: a ``torch_replay.ReplayError`` (a named refusal);
