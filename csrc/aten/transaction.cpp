@@ -992,4 +992,15 @@ std::string Transaction::name_of(StorageKey key) const {
   return it == declared_.end() ? std::string() : it->second.name;
 }
 
+uint64_t Transaction::touched_key(const at::Tensor& t) const {
+  if (!t.defined() || !t.has_storage()) {
+    return 0;
+  }
+  const StorageKey key = storage_key(t);
+  if (!external_.count(key) || (declared_.count(key) && !footprint_.count(key))) {
+    return 0;
+  }
+  return static_cast<uint64_t>(key);
+}
+
 }  // namespace torch_replay::aten

@@ -289,6 +289,11 @@ class Transaction {
   bool knows_preexisting(StorageKey key) const {
     return external_.count(key) > 0;
   }
+  // The key of `t`'s storage if the forward touched it as one that existed
+  // before it (a declared storage only if accessed), else 0: the bindings the
+  // re-bound-state check keeps (Note [Re-bound state] in
+  // torch_replay/_replay/bindings.py).
+  uint64_t touched_key(const at::Tensor& t) const;
   // Keys of the storages that existed before the forward and that it
   // touched, sorted: the segment's inputs, the declared storages it read or
   // wrote, and every other pre-existing storage an operator was given. What

@@ -100,6 +100,7 @@ TORCH_REPLAY_BINDINGS(replay) {
       .def("begin_replay", &Transaction::begin_replay)
       .def("restores", &Transaction::restores)
       .def("overwritten_later", &Transaction::overwritten_later)
+      .def("touched_key", &Transaction::touched_key)
       .def("verify_replay", &Transaction::verify_replay)
       .def("finish_replay", &Transaction::finish_replay)
       .def_property_readonly("in_replay", &Transaction::in_replay)

@@ -11,7 +11,9 @@ import torch
 import torch.utils.checkpoint as _tcp
 from torch.utils._pytree import tree_flatten
 
+from .._ext import require_extension
 from ..errors import ReplayError, RngMismatchError, UnsupportedReplayError
+from .bindings import Bindings
 from .call import SegmentCall
 from .observe import new_gate
 from .segment import (
@@ -85,6 +87,7 @@ class _Frame:
         self.early_stop = early_stop
         self.metadata_fn = metadata_fn
         self.forward_completed = False
+        self.bindings: Bindings | None = None  # Note [Re-bound state]
         self.ignore_saved_mismatch = False
         self.weak_holders: list[weakref.ReferenceType] = []
         self.metas: list[Any] = []
@@ -238,6 +241,8 @@ class _Frame:
 
     def recompute(self, gid) -> None:
         txn = self.txn
+        if self.bindings is not None:
+            self.bindings.check(require_extension().storage_key)
         txn.begin_replay()
         try:
             if self._rerun(gid, txn, txn, self.early_stop):
@@ -436,6 +441,7 @@ def checkpoint_nonreentrant(call: SegmentCall, args, kwargs, txn, child):
     except BaseException:
         txn.abort_forward()
         raise
+    frame.bindings = Bindings.of(call, txn)  # Note [Re-bound state]
     frame.keep_written_inputs(args)
     frame.forward_completed = True
     return out

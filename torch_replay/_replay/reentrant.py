@@ -11,6 +11,7 @@ import torch.utils.checkpoint as _tcp
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .._ext import require_extension
+from .bindings import Bindings
 from .call import SegmentCall
 from .nonreentrant import no_unpack
 from .segment import (
@@ -27,14 +28,16 @@ from .segment import (
 class _ReentrantRunner:
     """What the C++ SegmentFunction calls back (see csrc/aten/segment_function.h)."""
 
-    def __init__(self, function, args, txn, preserve):
-        self.function = function
+    def __init__(self, call: SegmentCall, args, txn):
+        self.call = call
+        self.function = call.function
+        self.bindings: Bindings | None = None  # Note [Re-bound state]
         self.tensor_idx = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
         # Tensor arguments travel as the Function's saved variables (freed as soon as
         # its backward ran); keeping them here would hold them for the whole graph.
         self.args = [None if isinstance(a, torch.Tensor) else a for a in args]
         self.txn = txn
-        self.rng_devices = rng_devices_of(args, preserve)
+        self.rng_devices = rng_devices_of(args, call.preserve_rng_state)
         self.autocast = autocast_state(device_type_of(args))
         self.observer = observer_of_segment()
         self.spec = None
@@ -64,6 +67,7 @@ class _ReentrantRunner:
         except BaseException:
             txn.abort_forward()
             raise
+        self.bindings = Bindings.of(self.call, txn)
         leaves, self.spec, tensors = self._flat(out)
         self.tensor_pos = [i for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)]
         # Keep only the non-tensor leaves: holding the outputs here would keep them
@@ -90,6 +94,8 @@ class _ReentrantRunner:
         )
         args = self._args(detached)
         with named_errors(self.function, args):
+            if self.bindings is not None:
+                self.bindings.check(require_extension().storage_key)
             txn.begin_replay()
             with hooks, self.autocast(), self.observer(txn):
                 out = self.function(*args)
@@ -110,7 +116,7 @@ class _ReentrantRunner:
 
 def checkpoint_reentrant(call: SegmentCall, args, txn):
     _tcp.check_backward_validity(args)
-    runner = _ReentrantRunner(call.function, args, txn, call.preserve_rng_state)
+    runner = _ReentrantRunner(call, args, txn)
     inputs = [args[i] for i in runner.tensor_idx]
     outputs = require_extension().apply_segment(runner, inputs)
     return runner.rebuild(outputs)
