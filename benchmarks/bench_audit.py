@@ -13,14 +13,14 @@ step. Nothing is written unless ``--out`` is given.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 import torch.nn as nn
 
-from benchmarks.models import BasicBlock
+from benchmarks.lib.cli import add_out_quick, make_parser
+from benchmarks.lib.models import BasicBlock
 from torch_replay.audit import audit
 
 
@@ -69,10 +69,10 @@ def _median(fn, reps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = make_parser(__doc__)
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=None)
+    add_out_quick(ap, quick=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

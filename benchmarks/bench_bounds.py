@@ -26,13 +26,13 @@ Nothing is written without --out.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.lib.cli import add_out_quick, make_parser
 from torch_replay import schedule
 
 CORE = None
@@ -317,16 +317,14 @@ def speed(seed: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     global CORE
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = make_parser(__doc__, whole_doc=True)
     parser.add_argument("--graphs", type=int, default=800, help="random DAGs per generator")
     parser.add_argument("--seed", type=int, default=0, help="first seed")
     parser.add_argument(
         "--restarts", type=int, default=20, help="adversarial local search: restarts"
     )
     parser.add_argument("--steps", type=int, default=1000, help="adversarial search: steps each")
-    parser.add_argument("--out", type=Path, default=None, help="write the markdown report here")
+    add_out_quick(parser, out="write the markdown report here", quick=None, type=Path)
     args = parser.parse_args(argv)
     CORE = schedule.schedule_extension()
     command = "PYTHONPATH=. .venv/bin/python -m benchmarks.bench_bounds " + " ".join(

@@ -39,7 +39,6 @@ bootstrap interval (rounds resampled, 4,000 resamples).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -51,7 +50,7 @@ import time
 import torch
 
 import torch_replay as tr
-from benchmarks.cli import emit, run_module
+from benchmarks.lib.cli import add_out_quick, emit, make_parser, run_module
 from torch_replay import calibrate as cal
 from torch_replay.planned import PlannedSequential
 from torch_replay.planner import Option, plan_peak
@@ -378,9 +377,7 @@ def main() -> int:
         res = child_run(wl, choices.split(","), int(steps), track == "1", int(threads))
         print(json.dumps(res))
         return 0
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = make_parser(__doc__, whole_doc=True)
     p.add_argument(
         "--rounds", default="30", help="fresh processes per plan; one, or one per workload"
     )
@@ -392,7 +389,7 @@ def main() -> int:
     p.add_argument("--workloads", default="queue,dense")
     p.add_argument("--calibration", help="a costs JSON of the shape grid to summarise")
     p.add_argument("--json", help="write the raw results here")
-    p.add_argument("--out")
+    add_out_quick(p, quick=None)
     p.add_argument("--from-json", help="rebuild the tables from a --json file (no runs)")
     p.add_argument("--command", help="the command line to print (with --from-json)")
     p.add_argument("--load", help="the load average to state (with --from-json)")

@@ -25,7 +25,6 @@ journal: region journal vs whole snapshot on one declared buffer (--mib MiB) at 
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -39,7 +38,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
-from benchmarks.cli import emit, run_module
+from benchmarks.lib.cli import add_out_quick, emit, make_parser, run_module
 
 # ------------------------------------------------------------------- overhead
 
@@ -313,18 +312,16 @@ def main() -> int:
             )
         )
         return 0
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = make_parser(__doc__, whole_doc=True)
     p.add_argument(
         "what",
         choices=["overhead", "journal", "all", "report"],
         help="overhead, journal, both, or report (reprint the table from --json)",
     )
-    p.add_argument(
-        "--quick",
-        action="store_true",
-        help="small run: --reps 3 --mib 16 --versions 1,8 --width 256",
+    add_out_quick(
+        p,
+        out="markdown table to write",
+        quick="small run: --reps 3 --mib 16 --versions 1,8 --width 256",
     )
     p.add_argument(
         "--reps", type=int, default=None, help="repetitions (default: overhead 15, journal 3)"
@@ -342,7 +339,6 @@ def main() -> int:
         default=None,
         help="results kept between partial runs (default: beside --out; none without --out)",
     )
-    p.add_argument("--out", default=None, help="markdown table to write")
     p.add_argument("--device", default="cpu", help="overhead: cpu or cuda")
     p.add_argument("--width", type=int, default=1024, help="overhead: model width (small run: 256)")
     a = p.parse_args()

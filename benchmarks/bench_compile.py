@@ -19,7 +19,7 @@ small run. ``--models tv:resnet50,tv:inference:vit_b_16`` uses torchvision model
 (``weights=None``; training unless ``inference:``; input 2x3xSxS with S from
 ``--tv-size``, default 64) where torchvision imports (the torch 2.14.1 environment).
 ``--models hf:llama,hf:inference:t5`` uses the tiny transformers models of
-``benchmarks/hf_models.py``; ``--models hf`` is all ten families, training and
+``benchmarks/lib/hf_models.py``; ``--models hf`` is all ten families, training and
 inference.
 """
 
@@ -31,97 +31,13 @@ import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from benchmarks.counters import GCClock, process_counters
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = ("mlp", "convnet", "segment")
-
-
-def build_step(name: str):
-    """The model ``name`` (in eval mode when its step is inference) and ``step(f)``: one step
-    of it through ``f`` (``torch.compile(model, ...)``): a training step's loss
-    ``out.float().pow(2).sum()`` backward, or an inference call under ``no_grad``."""
-    import torch
-
-    model, inputs, train = _build(name)
-    if not train:
-        model.eval()
-
-    def step(f):
-        if not train:
-            with torch.no_grad():
-                return f(*inputs)
-        out = f(*inputs)
-        out.float().pow(2).sum().backward()
-        return out
-
-    return model, step
-
-
-def _build(name: str):
-    import torch
-    import torch.nn as nn
-
-    torch.manual_seed(0)
-    if name == "mlp":
-        model = nn.Sequential(
-            nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 1024), nn.GELU(), nn.Linear(1024, 64)
-        )
-        return model, (torch.randn(128, 256),), True
-    if name == "convnet":
-        model = nn.Sequential(
-            nn.Conv2d(3, 32, 3, padding=1),
-            nn.BatchNorm2d(32),
-            nn.ReLU(),
-            nn.Conv2d(32, 32, 3, padding=1),
-            nn.BatchNorm2d(32),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1),
-            nn.Flatten(),
-            nn.Linear(32, 10),
-        )
-        return model, (torch.randn(8, 3, 32, 32),), True
-    if name == "segment":
-
-        class Segment(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.emb = nn.Embedding(1000, 32)
-                self.lin = nn.Linear(32, 16)
-
-            def forward(self, ids, seg):
-                e = self.emb(ids)
-                pooled = torch.zeros(4096, 32).index_add(0, seg, e)
-                return torch.relu(self.lin(pooled))
-
-        ids = torch.randint(0, 1000, (512,))
-        seg = torch.randint(0, 4096, (512,))
-        return Segment(), (ids, seg), True
-    if name.startswith("tv:"):  # a torchvision model, e.g. tv:resnet50 (weights=None)
-        import torchvision
-
-        kind, _, arch = name[3:].rpartition(":")
-        side = int(os.environ.get("BENCH_COMPILE_TV_SIZE", "64"))
-        kw = {"image_size": side} if arch.startswith(("vit_",)) else {}
-        model = torchvision.models.get_model(arch, weights=None, **kw)
-        if arch.startswith("inception"):
-            model.aux_logits, model.AuxLogits = False, None
-        return model, (torch.randn(2, 3, side, side),), kind != "inference"
-    if name.startswith("hf:"):  # a tiny transformers model, e.g. hf:inference:llama
-        from benchmarks.hf_models import build_hf_model
-
-        kind, _, family = name[3:].rpartition(":")
-        model, inputs = build_hf_model(family)
-        return model, inputs, kind != "inference"
-    raise SystemExit(
-        f"unknown model {name!r}; choose from {', '.join(MODELS)}, tv:[inference:]<arch> "
-        "or hf:[inference:]<family>"
-    )
+from benchmarks.lib.cli import add_out_quick, make_parser
+from benchmarks.lib.compile_models import MODELS, build_step, model_names, run_child
+from benchmarks.lib.counters import GCClock, process_counters
 
 
 class _FirstCallClock:
@@ -172,7 +88,7 @@ def child(name: str, backend: str) -> None:
     clock = _FirstCallClock()
     counting = os.environ.get("BENCH_COMPILE_CALLGRIND") == "1"  # benchmarks.count_compile
     if counting:
-        from benchmarks.perf_symbols import start_recording, stop_recording
+        from benchmarks.lib.recording import start_recording, stop_recording
 
         start_recording("callgrind", None)
     gc_clock = GCClock()
@@ -218,39 +134,6 @@ def child(name: str, backend: str) -> None:
     )
 
 
-def model_names(models: str) -> list[str]:
-    """The comma-separated ``models``, with ``hf`` standing for every Hugging Face family
-    of benchmarks/hf_models.py, inference and training."""
-    names = [m for m in models.split(",") if m]
-    if "hf" in names:
-        from benchmarks.hf_models import HF_MODELS
-
-        at = names.index("hf")
-        names[at : at + 1] = [f"hf:{k}{f}" for f in HF_MODELS for k in ("inference:", "")]
-    return names
-
-
-def _run(
-    name: str, backend: str, cache: str, wrapper: tuple[str, ...] = (), **env_extra: str
-) -> dict[str, float]:
-    """One child process (``wrapper``: a command it runs under, e.g. valgrind's)."""
-    env = dict(os.environ)
-    env["TORCHINDUCTOR_CACHE_DIR"] = cache
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    env.update(env_extra)
-    proc = subprocess.run(
-        [*wrapper, sys.executable, os.path.abspath(__file__), "--child", name, backend],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=7200,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"{name}/{backend} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 def _measure(
     name: str, reps: int, warm_runs: int, shared: list[str] | None
 ) -> dict[tuple[str, str], list[dict]]:
@@ -263,7 +146,7 @@ def _measure(
     cells: dict[tuple[str, str], list[dict]] = {}
 
     def one(backend: str, mode: str, cache: str, rep: int) -> None:
-        r = _run(name, backend, cache)
+        r = run_child(name, backend, cache)
         cells.setdefault((backend, mode), []).append(r)
         print(f"{name} {backend} {mode} rep {rep}: {r}", file=sys.stderr)
 
@@ -291,7 +174,7 @@ def _torch_version() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = make_parser(__doc__)
     ap.add_argument("--reps", type=int, default=3, help="cold+warm process pairs per cell")
     ap.add_argument(
         "--models", default=",".join(MODELS), help="comma-separated models (small run: one)"
@@ -304,7 +187,7 @@ def main() -> None:
         action="store_true",
         help="one cache directory per rep for all models and both backends; warm rows only",
     )
-    ap.add_argument("--out", default=None, help="write the markdown table here")
+    add_out_quick(ap, out="write the markdown table here", quick=None)
     ap.add_argument("--tv-size", type=int, default=64, help="input side of tv: models")
     ap.add_argument("--child", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -22,7 +22,6 @@ Nothing is written unless ``--out`` is given.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -32,7 +31,8 @@ import torch.utils.checkpoint as tcp
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_replay as tr
-from benchmarks.models import PreNormBlock, ResBlock
+from benchmarks.lib.cli import add_out_quick, make_parser
+from benchmarks.lib.models import PreNormBlock, ResBlock
 
 
 class Model(torch.nn.Module):
@@ -102,10 +102,9 @@ def interleaved(steps: dict, reps: int) -> dict[str, float]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = make_parser(__doc__)
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=None, help="write the markdown table here")
+    add_out_quick(ap, out="write the markdown table here")
     args = ap.parse_args()
     reps = 3 if args.quick else args.reps
     torch.set_num_threads(1)

@@ -56,8 +56,9 @@ import torch.nn as nn
 
 import inductor_pass  # (registers the backend)
 from benchmarks import regenerate
-from benchmarks.inductor_table import command_line, render
-from benchmarks.inductor_zoo import COMPACT, QUICK, model_list
+from benchmarks.lib.cli import add_out_quick, make_parser
+from benchmarks.lib.inductor_table import command_line, render
+from benchmarks.lib.inductor_zoo import COMPACT, QUICK, model_list
 from inductor_pass import PassConfig, make_backend
 
 # --------------------------------------------------------------------------- runs
@@ -279,20 +280,18 @@ def merge(args):
 
 
 def main():
-    ap = argparse.ArgumentParser(
-        description="Benchmark the torch_replay Inductor pass on 20+ architectures (inference "
+    ap = make_parser(
+        "Benchmark the torch_replay Inductor pass on 20+ architectures (inference "
         "and training): modelled vs measured peaks per graph, Inductor's program variants, the "
         "regeneration baseline, real-step peaks (profiler) and compile time cold and warm. "
         "Prints the table; writes results only with --out.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        whole_doc=True,
+        formatter=argparse.ArgumentDefaultsHelpFormatter,
     )
     ap.add_argument(
         "--models",
         default="",
         help="comma-separated model keys (default: all): " + ",".join(k for k, *_ in COMPACT),
-    )
-    ap.add_argument(
-        "--quick", action="store_true", help=f"small run: models {','.join(QUICK)}, both modes"
     )
     ap.add_argument("--modes", default="inference,training", help="inference,training")
     ap.add_argument(
@@ -311,11 +310,11 @@ def main():
         help="comma-separated .json files of earlier runs (e.g. the parts of one run split "
         "over processes): render them as one table into --out/--name, run nothing",
     )
-    ap.add_argument(
-        "--out",
-        default=None,
-        help="folder to write <name> and its .json into (e.g. benchmarks/results); "
+    add_out_quick(
+        ap,
+        out="folder to write <name> and its .json into (e.g. benchmarks/results); "
         "without it nothing is written",
+        quick=f"small run: models {','.join(QUICK)}, both modes",
     )
     args = ap.parse_args()
     if args.merge:

@@ -17,7 +17,6 @@ identical to plain ``torch.compile``.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -27,7 +26,9 @@ import time
 import torch
 
 import inductor_pass  # (registers the backend)
-from benchmarks.inductor_zoo import Block, SmallResNet, UNet
+from benchmarks.lib.cli import add_out_quick, make_parser
+from benchmarks.lib.zoo_convnets import SmallResNet, UNet
+from benchmarks.lib.zoo_sequence import Block
 from inductor_pass import PassConfig, make_backend
 
 MODELS = {
@@ -148,13 +149,13 @@ def _totals(doc, skipped, started):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = make_parser(__doc__)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--size", default="small", choices=["tiny", "small"])
     ap.add_argument("--models", default="block,resnet,unet")
     ap.add_argument("--modes", default="inference,training")
     ap.add_argument("--budget-s", type=float, default=150.0, help="start no run after this")
-    ap.add_argument("--out", required=True, help="folder for inductor_<device>.md/.json")
+    add_out_quick(ap, out="folder for inductor_<device>.md/.json", quick=None, required=True)
     a = ap.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():
         print("error: --device cuda but torch.cuda.is_available() is False", file=sys.stderr)

@@ -10,7 +10,7 @@ for
 
 Step time: the median over interleaved rounds (each round runs every variant once, in a
 rotating order). Peak: the largest live bytes of the tensors the step creates (a
-dispatch-mode tracker, torch_replay._planning.peak.LiveBytesTracker) plus the bytes the
+dispatch-mode tracker, torch_replay._peak.LiveBytesTracker) plus the bytes the
 preservation engines hold in C++ (tr.engine_bytes), sampled after every operator, in a
 separate untimed step. Ratios are against ``torch`` and measured in the same run.
 
@@ -23,7 +23,6 @@ Nothing is written unless --out is given.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -33,8 +32,8 @@ import time
 import torch
 
 import torch_replay as tr
-from benchmarks.cli import results_markdown
-from benchmarks.integrations_stacks import VOCAB, build_hf, hf_turn_on
+from benchmarks.lib.cli import add_out_quick, make_parser, results_markdown
+from benchmarks.lib.hf_stacks import VOCAB, build_hf, hf_turn_on
 from torch_replay._planning.peak import LiveBytesTracker
 
 VARIANTS = ("none", "torch", "tr", "preserve")
@@ -93,11 +92,10 @@ def table(res: dict, command: str, rounds: int, seq: int) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="3 rounds, sequence 64")
+    ap = make_parser(__doc__)
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (default 1)")
-    ap.add_argument("--out", default=None, help="write the markdown table here")
+    add_out_quick(ap, out="write the markdown table here", quick="3 rounds, sequence 64")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)  # one thread: less noise on a shared machine
     rounds = args.rounds or (3 if args.quick else 9)

@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.cli import add_out_quick, child_env, emit, run_module
+from benchmarks.lib.cli import add_out_quick, child_env, emit, make_parser, run_module
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 HF_STRIDES = (2, 3, 4)
@@ -382,7 +382,7 @@ def plot(results: list[dict], path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = make_parser(__doc__)
     add_out_quick(p, quick="the smoke run (about a minute: a small Llama, 3 budgets, 1 step)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--steps", type=int, default=3)

@@ -30,7 +30,6 @@ and repetitions (a smoke run). Nothing is written unless ``--out`` is given.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -41,8 +40,9 @@ import torch.nn as nn
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
-from benchmarks.cli import add_out_quick, emit
-from benchmarks.models import PreNormBlock
+from benchmarks.lib.cli import add_out_quick, emit, make_parser
+from benchmarks.lib.models import PreNormBlock
+from benchmarks.lib.replay_steps import chain_step
 
 
 def _time(fn) -> float:
@@ -87,18 +87,6 @@ def _with_observer(observer: str, fn):
     def run():
         with tr.config.patch(observer=observer):
             fn()
-
-    return run
-
-
-def _chain_step(ckpt, block, x, segments: int, reentrant: bool):
-    """One training step through ``segments`` checkpointed copies of ``block``."""
-
-    def run():
-        h = x
-        for _ in range(segments):
-            h = ckpt(block, h, use_reentrant=reentrant)
-        h.sum().backward()
 
     return run
 
@@ -154,7 +142,7 @@ def bench_small_ops(segments: int, reps: int) -> list[dict]:
     for reentrant in (False, True):
 
         def step(ckpt, reentrant=reentrant):
-            return _chain_step(ckpt, block, x0, segments, reentrant)
+            return chain_step(ckpt, block, x0, segments, reentrant)
 
         med = _interleaved(
             {"torch": step(tcp.checkpoint), "torch_replay": step(tr.checkpoint)}, reps
@@ -222,7 +210,7 @@ def bench_per_segment(segments: int, reps: int) -> list[dict]:
         return h * 2.0
 
     def step(ckpt):
-        return _chain_step(ckpt, blk, x, segments, False)
+        return chain_step(ckpt, blk, x, segments, False)
 
     med, ratio = _paired(
         {
@@ -329,9 +317,7 @@ def markdown(per_op, small, per_segment, gpt, kept, argv) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = make_parser(__doc__, whole_doc=True)
     p.add_argument("--reps", type=int, default=9, help="measured repetitions per method")
     p.add_argument(
         "--gpt-reps",

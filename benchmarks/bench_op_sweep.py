@@ -25,7 +25,6 @@ table) or ``--json`` (every case's outcomes) is given.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -33,6 +32,7 @@ import sys
 import tempfile
 import time
 
+from benchmarks.lib.cli import add_out_quick, make_parser
 from tests.op_sweep.quick import QUICK_OPS
 from tests.op_sweep.report import RESULTS, counts, markdown, sweep
 from tests.op_sweep.run import BASELINE, MODES
@@ -91,11 +91,15 @@ def _repeat(n: int, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="the default test command's subset")
+    p = make_parser(__doc__)
     p.add_argument("--ops", default="", help="comma-separated op ids (default: all)")
     p.add_argument("--kinds", default="read,inplace,out")
-    p.add_argument("--out", default="", help="write the markdown table here")
+    add_out_quick(
+        p,
+        out="write the markdown table here",
+        quick="the default test command's subset",
+        default="",
+    )
     p.add_argument("--json", default="", help="write every case's outcomes here")
     p.add_argument("--repeat", type=int, default=0, help="run N times, compare the outcomes")
     args = p.parse_args(argv)

@@ -25,7 +25,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import random
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.lib.cli import add_out_quick, make_parser
 from torch_replay._ext import require_extension
 from torch_replay.planner import Option, plan
 
@@ -170,10 +170,8 @@ HEADER = (
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, help="write the markdown report here")
+    parser = make_parser(__doc__, whole_doc=True)
+    add_out_quick(parser, out="write the markdown report here", quick=None, type=Path)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
         "--cap", type=float, default=20.0, help="seconds; stop growing 'uniform' past this"

@@ -9,7 +9,7 @@ percentage of the graph's, whether the outputs are bitwise identical to plain
 ``torch.compile`` (Inductor), and the wall time per call of both programs
 (median of repeated calls after warm-up).
 
-Models (``benchmarks/recompute_models.py``): ``ReDimNetStyle`` at seven sizes
+Models (``benchmarks/lib/recompute_models.py``): ``ReDimNetStyle`` at seven sizes
 (``r0``..``r6``) and ``SpecUNet`` at three sizes. torchvision models are used
 when torchvision imports (it does not in this environment; the table says so).
 
@@ -21,7 +21,6 @@ prints the table; with --out, writes <out>/recompute.md.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import statistics
@@ -31,7 +30,8 @@ import time
 import torch
 
 import inductor_pass  # noqa: F401  (registers the backend)
-from benchmarks.recompute_models import REDIM_SIZES, ReDimNetStyle, SpecUNet, init_bn
+from benchmarks.lib.cli import add_out_quick, make_parser
+from benchmarks.lib.recompute_models import REDIM_SIZES, ReDimNetStyle, SpecUNet, init_bn
 from inductor_pass import PassConfig, make_backend
 from inductor_pass.report import clear_reports, reports
 
@@ -167,11 +167,10 @@ def table(rows, args, started) -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = make_parser(__doc__)
     ap.add_argument("--budget", type=float, default=0.01)
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default=None)
+    add_out_quick(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     started = time.perf_counter()

@@ -13,7 +13,6 @@ use_reentrant False / True, and torch_replay's observer on (default) and off
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import time
@@ -23,7 +22,7 @@ import torch.nn as nn
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
-from benchmarks.cli import add_out_quick, emit, results_markdown
+from benchmarks.lib.cli import add_out_quick, emit, make_parser, results_markdown
 
 
 def one_rep(module, data, ckpt, reentrant: bool) -> float:
@@ -78,9 +77,7 @@ def markdown(rows: list[dict], calls: int, reps: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = make_parser(__doc__, whole_doc=True)
     p.add_argument("--calls", type=int, default=2000, help="segments per repetition")
     p.add_argument("--reps", type=int, default=7, help="measured repetitions (plus a warm-up)")
     add_out_quick(p, quick=None)

@@ -20,14 +20,13 @@ step of Python and allocator noise), a leak is a steady figure per segment and s
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import resource
 import sys
 
-from .cli import add_out_quick, emit, results_markdown, run_module
-from .counters import heap_in_use
+from benchmarks.lib.cli import add_out_quick, emit, make_parser, results_markdown, run_module
+from benchmarks.lib.counters import heap_in_use
 
 LEVELS = ("reads", "preserve", "saved")
 MODELS = ("plain", "moco")
@@ -106,7 +105,7 @@ def _train(model: str, level: str, steps: int, warmup: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = make_parser(__doc__)
     add_out_quick(parser, quick="600 steps instead of 3,000")
     parser.add_argument("--steps", type=int, default=None, help="measured steps")
     parser.add_argument("--warmup", type=int, default=200, help="steps before measuring")

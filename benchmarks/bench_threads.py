@@ -21,7 +21,6 @@ effect needs a loaded machine (the 2-core machine shared with other builds).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -29,7 +28,7 @@ import statistics
 import sys
 import time
 
-from benchmarks.cli import add_out_quick, emit, markdown_table, run_module
+from benchmarks.lib.cli import add_out_quick, emit, make_parser, markdown_table, run_module
 
 SHAPES = ((16.0, 0.01, 4), (16.0, 0.1, 4))
 """(buffer MiB, write ratio, live versions): the grid's batch 64, width 512, expand 4."""
@@ -80,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         res = child(float(mib), float(ratio), int(versions), int(threads), int(steps))
         print(json.dumps(res))
         return 0
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = make_parser(__doc__)
     add_out_quick(p, quick="2 rounds of 3 steps")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--steps", type=int, default=8)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
-from benchmarks.models import BasicBlock
+from benchmarks.lib.models import BasicBlock
 from torch_replay.audit import audit, main
 
 from .reference import assert_bitwise

@@ -1,5 +1,5 @@
-"""The benchmarks' counters of what instruction counts miss (benchmarks/counters.py) and
-count_compile's reading of a callgrind file, against facts made here."""
+"""The benchmarks' counters of what instruction counts miss (benchmarks/lib/counters.py) and
+the reading of a callgrind file (benchmarks/lib/recording.py), against facts made here."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import gc
 
 import pytest
 
-from benchmarks.count_compile import instructions, totals
-from benchmarks.counters import GCClock, process_counters
-from benchmarks.perf_symbols import _simulated
+from benchmarks.lib.counters import GCClock, process_counters
+from benchmarks.lib.recording import instructions, simulated, totals
 
 
 def test_gc_clock_sees_a_full_collection_and_stops_when_closed():
@@ -62,11 +61,11 @@ def test_simulated_events_of_a_recording_without_the_simulation_are_refused(tmp_
     data = tmp_path / "out.callgrind"
     data.write_text("version: 1\nevents: Ir\nsummary: 0\nfn=main\n1 5\ntotals: 1234\n")
     with pytest.raises(RuntimeError, match="no I1mr, D1mr, D1mw, DLmr, DLmw, Bcm, Bim"):
-        _simulated(str(data))
+        simulated(str(data))
 
 
 def test_symbol_table_lists_the_largest_differences_from_the_first_variant():
-    from benchmarks.perf_symbols import GROUPS, markdown
+    from benchmarks.profilers.perf_symbols import GROUPS, markdown
 
     def row(symbols):
         r = {g: 0 for g, _ in GROUPS}

@@ -1,4 +1,4 @@
-"""benchmarks/bench_replay_speed.py's rows: the do-nothing callbacks of Note [Observation
+"""benchmarks/bench_replay_speed.py's rows (benchmarks/lib/replay_steps.py): the do-nothing callbacks of Note [Observation
 floor] change no result and are counted, and the Llama rows, which share one model, each
 checkpoint with their own function."""
 
@@ -24,14 +24,14 @@ def _grads(step_fn):
 
 
 def test_floor_callbacks_change_no_gradient():
-    from benchmarks.bench_replay_speed import _floor_fn, _watch_floor
+    from benchmarks.lib.replay_steps import floor_fn, watch_floor
 
     def plain(lin, x):
         tcp.checkpoint(lin, x, use_reentrant=False).pow(2).sum().backward()
 
     def floored(lin, x):
-        _watch_floor(
-            lambda: tcp.checkpoint(_floor_fn(lin), x, use_reentrant=False).pow(2).sum().backward()
+        watch_floor(
+            lambda: tcp.checkpoint(floor_fn(lin), x, use_reentrant=False).pow(2).sum().backward()
         )()
 
     for a, b in zip(_grads(plain), _grads(floored), strict=True):
@@ -64,7 +64,7 @@ def test_the_floor_watch_outlives_a_real_watch():
 
 def test_llama_rows_share_one_model_and_each_checkpoints_with_its_own_function():
     pytest.importorskip("transformers")
-    from benchmarks.bench_replay_speed import AGAIN, FLOOR, FLOOR_SWITCH, llama_steps
+    from benchmarks.lib.replay_steps import AGAIN, FLOOR, FLOOR_SWITCH, llama_steps
 
     steps = llama_steps(16)
     # torch's variants (and its floors) run no torch_replay segment; each torch_replay
@@ -88,7 +88,7 @@ def test_llama_rows_share_one_model_and_each_checkpoints_with_its_own_function()
 
 def test_perf_symbols_floor_variant_runs_torchs_checkpoint_under_the_floor():
     pytest.importorskip("transformers")
-    from benchmarks.bench_replay_speed import llama_step
+    from benchmarks.lib.replay_steps import llama_step
 
     step = llama_step(16, "floor")
     with collect_transactions() as txns:
@@ -105,7 +105,7 @@ def test_groups_option_runs_only_the_named_groups(monkeypatch):
     from benchmarks import bench_replay_speed as brs
 
     measured = []
-    monkeypatch.setattr(brs, "_rounds", lambda steps, rounds: measured.append(rounds) or {})
+    monkeypatch.setattr(brs, "measure_rounds", lambda steps, rounds: measured.append(rounds) or {})
     monkeypatch.setattr(brs, "kept_bytes", lambda seq: {})
     res = brs.child(1, 16, ("segment",))
     assert sorted(res) == [
@@ -124,7 +124,7 @@ def test_other_floors_change_no_gradient_and_the_fallback_sees_every_operator():
     under each gives eager's gradients, each switch is counted and put back, and the
     boxed fallback runs once for every operator the profiler's RecordFunction shows
     (an independent count of the dispatcher's calls)."""
-    from benchmarks.bench_replay_speed import _floor_fn, floors_extension, other_floors
+    from benchmarks.lib.replay_steps import floor_fn, floors_extension, other_floors
 
     def plain(lin, x):
         tcp.checkpoint(lin, x, use_reentrant=False).pow(2).sum().backward()
@@ -132,7 +132,7 @@ def test_other_floors_change_no_gradient_and_the_fallback_sees_every_operator():
     for name, switch in other_floors().items():
 
         def floored(lin, x, switch=switch):
-            tcp.checkpoint(_floor_fn(lin, switch), x, use_reentrant=False).pow(2).sum().backward()
+            tcp.checkpoint(floor_fn(lin, switch), x, use_reentrant=False).pow(2).sum().backward()
 
         for a, b in zip(_grads(plain), _grads(floored), strict=True):
             assert torch.equal(a, b), name
@@ -156,7 +156,7 @@ def test_other_floors_change_no_gradient_and_the_fallback_sees_every_operator():
 
 def test_fit_lines_recover_a_line_the_test_chose():
     """The fit group's lines: step times made exactly linear in k (a fixed cost per
-    segment the test chose, plus one per operator), given as the ratios ``_rounds``
+    segment the test chose, plus one per operator), given as the ratios ``measure_rounds``
     reports, come back as those two costs, each variant on its own line."""
     from benchmarks import bench_replay_speed as brs
 

@@ -15,7 +15,7 @@ import torch.utils.checkpoint as tcp
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_replay as tr
-from benchmarks.models import PreNormBlock, ResBlock
+from benchmarks.lib.models import PreNormBlock, ResBlock
 
 from .reference import assert_bitwise
 

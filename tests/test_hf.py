@@ -16,7 +16,7 @@ import torch
 transformers = pytest.importorskip("transformers", reason="transformers is a test dependency")
 
 import torch_replay as tr  # noqa: E402
-from benchmarks.integrations_stacks import (  # noqa: E402
+from benchmarks.lib.hf_stacks import (  # noqa: E402
     VOCAB,
     build_hf,
     hf_loss,

@@ -23,7 +23,7 @@ import pytest
 from .installed import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("torch_replay", "inductor_pass")
+PACKAGES = ("torch_replay", "inductor_pass", "benchmarks")
 
 # Cycles that live in files another change owns, each with what removes it. Listed
 # cycles are tolerated, not required: delete an entry once its cycle is gone.
@@ -250,7 +250,7 @@ def test_private_use_finder_rooms(tmp_path):
 # checkpoint package a room is a folder (_replay/, _planning/, audit/, calibrate/, verify/,
 # integrations/ and the package's own): underscore names are shared inside one, never
 # across two (what one room takes from another carries no underscore).
-PRIVATE_RULES = {"torch_replay": True, "inductor_pass": False}
+PRIVATE_RULES = {"torch_replay": True, "inductor_pass": False, "benchmarks": False}
 
 
 @pytest.mark.parametrize("package", PACKAGES)

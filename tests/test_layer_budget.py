@@ -25,7 +25,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 import torch_replay as tr
-from benchmarks.models import PreNormBlock, ResBlock
+from benchmarks.lib.models import PreNormBlock, ResBlock
 from tests.reference import assert_bitwise
 from torch_replay import layer_budget
 from torch_replay._planning.layer_order import ordered_peak

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import inductor_pass  # registers the torch_replay backend
-from benchmarks.recompute_models import ReDimNetStyle, SpecUNet, init_bn
+from benchmarks.lib.recompute_models import ReDimNetStyle, SpecUNet, init_bn
 from inductor_pass.config import PassConfig
 from inductor_pass.program.units import build_dependences, simulate, static_storages
 from inductor_pass.program.wrapper_ast import parse_wrapper, render_region

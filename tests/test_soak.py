@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from benchmarks.cli import run_module
-from benchmarks.counters import GLIBC
+from benchmarks.lib.cli import run_module
+from benchmarks.lib.counters import GLIBC
 
 STEPS = 1000
 # A leak of one small heap block per segment and step is >= 4 * 32 bytes a step here;

@@ -12,7 +12,7 @@ import torch
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
-from benchmarks.counters import GLIBC, heap_in_use
+from benchmarks.lib.counters import GLIBC, heap_in_use
 
 
 def _growth_in_forward(checkpoint, steps: int) -> int:

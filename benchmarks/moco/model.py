@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from benchmarks.models import BasicBlock
+from benchmarks.lib.models import BasicBlock
 
 __all__ = ["BasicBlock", "Encoder", "InfoNCEHead", "MoCo", "queue_length"]
 

@@ -1,4 +1,5 @@
-"""The seven methods, the MoCo training step, calibration and the linear probe.
+"""The seven methods, the MoCo training step and the linear probe (the calibration is
+:mod:`benchmarks.moco.plans`'s, the configuration :mod:`benchmarks.moco.config`'s).
 
 One training step (MoCo v2, ``moco/builder.py`` order): two augmented views of a
 batch; momentum update of the key encoder; keys of view 2; query logits of
@@ -38,21 +39,18 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 import torch_replay as tr
-from torch_replay.calibrate import Workload, measure_segments
 from torch_replay.planned import LiveBytesTracker, PlannedSequential, static_bytes
-from torch_replay.planner import Option, plan_peak
 
+from .config import CORRECT, ENGINE_METHODS, METHODS, MocoConfig, TorchCheckpointed, build_moco
 from .data import SyntheticCifar, augment, normalize
-from .model import MoCo, queue_length
+from .plans import Plans, calibrate_plans
 
 __all__ = [
     "CORRECT",
@@ -64,210 +62,6 @@ __all__ = [
     "calibrate_plans",
     "run_seed",
 ]
-
-MIB = 2**20
-
-METHODS: tuple[str, ...] = (
-    "eager",
-    "torch_checkpoint",
-    "snapshot",
-    "journal",
-    "readset",
-    "joint",
-    "eager_whole",
-)
-"""The seven methods, in table order."""
-
-CORRECT: tuple[str, ...] = tuple(m for m in METHODS if m != "torch_checkpoint")
-"""Methods whose score files must be byte-identical to ``eager``'s."""
-
-_ENGINE_METHODS = ("snapshot", "journal", "readset")
-
-
-@dataclass(kw_only=True, slots=True)
-class MocoConfig:
-    """Scale and hyper-parameters of one experiment."""
-
-    width: int = 16
-    """First-stage channels (ResNet18: 64)."""
-    dim: int = 128
-    """Embedding dimension (MoCo: 128)."""
-    queue_mib: float = 4.0
-    """FP32 negative queue size in MiB (the source: 64)."""
-    batch: int = 64
-    """Images per step."""
-    steps: int = 40
-    """Encoder training steps per method."""
-    train_images: int = 1024
-    """Training images (encoder and probe)."""
-    test_images: int = 512
-    """Test images (scored by the probe)."""
-    classes: int = 10
-    """Classes of the synthetic data."""
-    data_seed: int = 0
-    """Seed of the data set (fixed across training seeds, as CIFAR is)."""
-    temperature: float = 0.2
-    """InfoNCE temperature (MoCo v2: 0.2)."""
-    momentum: float = 0.99
-    """Key encoder EMA momentum (MoCo: 0.999 for 200 epochs; fewer steps here)."""
-    lr: float = 0.06
-    """SGD learning rate (momentum 0.9)."""
-    weight_decay: float = 5e-4
-    """SGD weight decay."""
-    probe_epochs: int = 25
-    """Linear probe epochs (the source: 25)."""
-    probe_lr: float = 0.1
-    """Linear probe learning rate (SGD, momentum 0.9, standardised features)."""
-    budget_frac: float = 0.5
-    """Budget of the plans: this fraction of the way from the joint planner's
-    smallest feasible budget to the all-eager peak."""
-    budget_mib: float | None = None
-    """An explicit budget in MiB (overrides ``budget_frac``)."""
-    calibration_reps: int = 3
-    """Timed calibration steps per option (median kept)."""
-    track_step: int = 1
-    """The step whose peak memory is tracked (untimed)."""
-
-    @property
-    def queue_keys(self) -> int:
-        """K, the number of keys in the queue."""
-        return queue_length(self.queue_mib, self.dim, self.batch)
-
-
-# ------------------------------------------------------------------- building
-
-
-def build_moco(cfg: MocoConfig, seed: int) -> MoCo:
-    """The MoCo model of ``seed`` (parameters drawn under ``torch.manual_seed(seed)``)."""
-    torch.manual_seed(seed)
-    return MoCo(
-        width=cfg.width,
-        dim=cfg.dim,
-        queue_keys=cfg.queue_keys,
-        temperature=cfg.temperature,
-        momentum=cfg.momentum,
-        seed=seed,
-    )
-
-
-class TorchCheckpointed(nn.Module):
-    """Every segment through ``torch.utils.checkpoint`` (non-reentrant)."""
-
-    def __init__(self, segments: Sequence[nn.Module]) -> None:
-        super().__init__()
-        self.segments = nn.ModuleList(segments)
-        self.choices = ["torch"] * len(segments)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for seg in self.segments:
-            x = torch_checkpoint(seg, x, use_reentrant=False)
-        return x
-
-
-def _persistent(moco: MoCo, cfg: MocoConfig) -> int:
-    """Bytes held through a step: both encoders, the queue, SGD momentum, the
-    query gradients and the two views."""
-    q_params = sum(p.numel() * p.element_size() for p in moco.encoder_q.parameters())
-    views = 2 * cfg.batch * 3 * 32 * 32 * 4
-    return static_bytes([*moco.parameters(), *moco.buffers()]) + 2 * q_params + views
-
-
-@dataclass(kw_only=True, slots=True)
-class Plans:
-    """Calibrated costs and the budget the planned methods run under."""
-
-    costs: list[list[Option]]
-    """Valid options per segment (eager measured with the delayed enqueue, the
-    others with the enqueue between forward and backward)."""
-    persistent: int
-    """Persistent bytes charged to every plan."""
-    budget: int
-    """The budget of ``joint`` and ``eager_whole``."""
-    all_eager_peak: int
-    """Predicted peak with every segment eager."""
-    joint_min_budget: int
-    """Smallest budget the joint planner can meet."""
-    refused: dict[str, str] = field(default_factory=dict)
-    """Options the calibration measured as invalid, with the error."""
-    seconds: float = 0.0
-    """Wall time of the calibration."""
-
-
-def calibrate_plans(cfg: MocoConfig, data: SyntheticCifar, seed: int) -> Plans:
-    """Measure every option of every query segment on a separate model of ``seed``.
-
-    Uses :func:`torch_replay.calibrate.measure_segments` (one option on every
-    segment per run). The recomputing options run with the MoCo step's in-place
-    enqueue between forward and backward (``Workload.loss_fn``), so an engine
-    that cannot undo it is measured as invalid; ``eager`` runs with the enqueue
-    delayed, as the ``eager`` method does (an eager segment's costs do not depend
-    on when the enqueue happens). The training runs never see this model.
-
-    Args:
-        cfg: the experiment.
-        data: the data set (one batch is used).
-        seed: seed of the calibration model.
-
-    Returns:
-        The :class:`Plans`.
-    """
-    t0 = time.perf_counter()
-    moco = build_moco(cfg, seed)
-    g = torch.Generator().manual_seed(seed)
-    imgs = data.train_images[: cfg.batch]
-    v1, v2 = augment(imgs, g), augment(imgs, g)
-    keys = moco.keys(v2)
-    moco.head.keys = keys
-    target = torch.zeros(cfg.batch, dtype=torch.long)
-
-    def enqueue_between(out: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(out, target)
-        moco.enqueue(keys)
-        return loss
-
-    def loss_only(out: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(out, target)
-
-    def workload(loss_fn: Callable[[Any], torch.Tensor]) -> Workload:
-        return Workload(
-            segments=moco.segments(),
-            state=moco.segment_state(),
-            make_input=lambda: v1.clone().requires_grad_(True),
-            loss_fn=loss_fn,
-            description="MoCo query encoder",
-        )
-
-    reps = cfg.calibration_reps
-    eager = measure_segments(workload(loss_only), ["eager"], reps=reps, warmup=1)
-    rest = measure_segments(workload(enqueue_between), list(_ENGINE_METHODS), reps=reps, warmup=1)
-    costs = [
-        [Option(**o) for o in e] + [Option(**o) for o in r]
-        for e, r in zip(eager["segments"], rest["segments"], strict=True)
-    ]
-    refused = {
-        name: res["reason"] for name, res in rest["options"].items() if not res.get("valid", True)
-    }
-    persistent = _persistent(moco, cfg)
-    eager_opts = [next(o for o in seg if o.name == "eager") for seg in costs]
-    all_eager = plan_peak(eager_opts, persistent)
-    try:
-        tr.plan(costs, budget=0, persistent=persistent, objective="joint")
-        joint_min = 0
-    except tr.InfeasibleBudgetError as e:
-        joint_min = int(e.min_budget)
-    if cfg.budget_mib is not None:
-        budget = int(cfg.budget_mib * MIB)
-    else:
-        budget = int(joint_min + cfg.budget_frac * (all_eager - joint_min))
-    return Plans(
-        costs=costs,
-        persistent=persistent,
-        budget=budget,
-        all_eager_peak=all_eager,
-        joint_min_budget=joint_min,
-        refused=refused,
-        seconds=time.perf_counter() - t0,
-    )
 
 
 # ------------------------------------------------------------------------ run
@@ -336,7 +130,7 @@ class Run:
         try:
             if method == "torch_checkpoint":
                 self.query = TorchCheckpointed(segs)
-            elif method == "eager" or method in _ENGINE_METHODS:
+            elif method == "eager" or method in ENGINE_METHODS:
                 measured = costs is not None and all(
                     any(o.name == method for o in s) for s in costs
                 )

@@ -5,7 +5,7 @@ ConvNeXt and Mamba. :func:`build_hf_model` returns one, seeded (the same weights
 call), wrapped so that it takes tensors and returns its logits, with example inputs.
 ``transformers`` is pinned in requirements-dev.txt.
 
-Import as ``from benchmarks.hf_models import build_hf_model`` (the repository root on the
+Import as ``from benchmarks.lib.hf_models import build_hf_model`` (the repository root on the
 path: ``python -m benchmarks.NAME``, or pytest from the root).
 """
 

@@ -1,9 +1,13 @@
-"""What every benchmark's command line shares: ``--out`` / ``--quick``, the results tail,
-and how a benchmark starts a child process of itself.
+"""What every benchmark's command line shares: its parser (:func:`make_parser`), ``--out`` /
+``--quick`` (:func:`add_out_quick`), the results tail, and how a benchmark starts a child
+process of itself.
 
-Benchmarks run from the repository root as ``python -m benchmarks.NAME``; nothing here
-changes ``sys.path``. A benchmark writes into ``benchmarks/results/`` only when ``--out``
-names a path there; ``--quick`` is its small run.
+Every script under ``benchmarks/`` (``bench_*.py``, ``integrations_stacks.py``, ``moco``
+and the profilers of ``benchmarks/profilers/``) builds its parser with :func:`make_parser`;
+tests/test_bench_readme.py checks that. Benchmarks run from the repository root as
+``python -m benchmarks.NAME``; nothing here changes ``sys.path``. A benchmark writes into
+``benchmarks/results/`` only when ``--out`` names a path there; ``--quick`` is its small
+run.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections.abc import Iterable, Sequence
 __all__ = [
     "ROOT",
     "add_out_quick",
+    "make_parser",
     "child_env",
     "emit",
     "markdown_table",
@@ -24,18 +29,52 @@ __all__ = [
     "run_module",
 ]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 """The repository root (what ``python -m benchmarks.NAME`` runs from)."""
+
+
+def make_parser(
+    doc: str | None,
+    *,
+    whole_doc: bool = False,
+    formatter: type[argparse.HelpFormatter] | None = None,
+    prog: str | None = None,
+) -> argparse.ArgumentParser:
+    """A benchmark's argument parser, described by its module docstring ``doc``.
+
+    Args:
+        doc: The script's ``__doc__``.
+        whole_doc: Describe with the whole docstring, as written (``--help`` keeps its
+            lines); otherwise with its first line.
+        formatter: The help formatter (default: ``RawDescriptionHelpFormatter`` with
+            ``whole_doc``, argparse's own without).
+        prog: The program name ``--help`` shows (default: argparse's).
+    """
+    description = (doc or "") if whole_doc else (doc or "").split("\n")[0]
+    if formatter is None and whole_doc:
+        formatter = argparse.RawDescriptionHelpFormatter
+    kwargs = {"formatter_class": formatter} if formatter is not None else {}
+    return argparse.ArgumentParser(prog=prog, description=description, **kwargs)
 
 
 def add_out_quick(
     parser: argparse.ArgumentParser,
     *,
-    out: str = "write the Markdown table here (nothing is written without it)",
+    out: str | None = "write the Markdown table here (nothing is written without it)",
     quick: str | None = "a small run",
+    **out_options,
 ) -> None:
-    """Add ``--out PATH`` (default None) and, unless ``quick`` is None, ``--quick``."""
-    parser.add_argument("--out", default=None, help=out)
+    """Add ``--out PATH`` (default None) and, unless ``quick`` is None, ``--quick``.
+
+    Args:
+        parser: The parser of :func:`make_parser`.
+        out: ``--out``'s help text.
+        quick: ``--quick``'s help text; None: the script has no ``--quick``.
+        out_options: More of ``--out``'s ``add_argument`` keywords (``type``, ``default``,
+            ``required``).
+    """
+    out_options.setdefault("default", None)
+    parser.add_argument("--out", help=out, **out_options)
     if quick is not None:
         parser.add_argument("--quick", action="store_true", help=quick)
 

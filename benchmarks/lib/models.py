@@ -1,6 +1,6 @@
 """Small models that tests and benchmarks share (one definition each).
 
-Import as ``from benchmarks.models import PreNormBlock, ResBlock`` (the repository root
+Import as ``from benchmarks.lib.models import PreNormBlock, ResBlock`` (the repository root
 on the path: ``python -m benchmarks.NAME``, or pytest from the root).
 """
 
