@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_replay._replay.api import collect_transactions
+from torch_replay._replay.segment import collect_transactions
 from torch_replay.integrations import transformers as tr_hf
 
 VOCAB = 64
