@@ -293,7 +293,7 @@ def _fsdp_root_run(which: str, kind: str, reentrant: bool, rank: int):
     model = torch.nn.Sequential(*[_StatefulBlock(kind) for _ in range(2)])
     blocks = list(model)
     is_block = lambda m: isinstance(m, _StatefulBlock)  # noqa: E731
-    if which == "tr":
+    if which in ("tr", "tr-preserve"):
         tr.apply_activation_checkpointing(model, check_fn=is_block, use_reentrant=reentrant)
     elif which == "torch":
         impl = ptd.CheckpointImpl.REENTRANT if reentrant else ptd.CheckpointImpl.NO_REENTRANT
@@ -305,10 +305,12 @@ def _fsdp_root_run(which: str, kind: str, reentrant: bool, rank: int):
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(100 + rank)
     grads = []
+    level = "preserve" if which == "tr-preserve" else tr.config.detect
     for step in range(2):
         torch.manual_seed(step)  # dropout
         x = torch.randn(8, 16, generator=gen, requires_grad=reentrant)
-        model(x).pow(2).mean().backward()
+        with tr.config.patch(detect=level):
+            model(x).pow(2).mean().backward()
         grads.append([p.grad.to_local().clone() for p in model.parameters()])
         opt.step()
         opt.zero_grad()
@@ -331,7 +333,9 @@ def _fsdp_root_job(rank):
         try:
             runs = {"eager": _fsdp_root_run("eager", kind, False, rank)}
             for reentrant in (False, True):
-                for which in ("tr", "torch") if kind == "pure" else ("tr",):
+                for which in (
+                    ("tr", "tr-preserve", "torch") if kind == "pure" else ("tr", "tr-preserve")
+                ):
                     runs[(which, reentrant)] = _fsdp_root_run(which, kind, reentrant, rank)
             out[kind] = runs
         except Exception:
@@ -363,6 +367,25 @@ def test_fsdp2_root_call_stateful_blocks_train_like_eager(ranks, kind, reentrant
                     assert torch.equal(x, y)
             for x, y in zip(p_t + b_t, p_r + b_r, strict=True):
                 assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("reentrant", [False, True], ids=["plain", "reentrant"])
+@pytest.mark.parametrize("kind", _KINDS)
+def test_fsdp2_root_call_at_detect_preserve_trains_like_eager(ranks, kind, reentrant):
+    """The same root calls with nothing declared at ``detect="preserve"``: the segments'
+    reads of FSDP's unsharded parameters are watched, not preserved by their own bytes,
+    which FSDP frees after the forward and all-gathers again (Note [Transient storages]
+    in csrc/aten/tensor_bytes.h). Preserving them gave NaN gradients (``pure``) or a
+    false StateMutationError (``bn``, ``ema``, ``moe``)."""
+    for res in _results(ranks, "fsdp-root"):
+        res = res[kind]
+        assert "error" not in res, res.get("error")
+        (g_e, p_e, b_e), (g_r, p_r, b_r) = res["eager"], res[("tr-preserve", reentrant)]
+        for step, (a, b) in enumerate(zip(g_e, g_r, strict=True)):
+            for x, y in zip(a, b, strict=True):
+                assert torch.equal(x, y), (step, (x - y).abs().max())
+        for x, y in zip(p_e + b_e, p_r + b_r, strict=True):
+            assert torch.equal(x, y), (x - y).abs().max()
 
 
 def _lightning_model_parallel_job(rank):

@@ -3,6 +3,9 @@
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseTensorImpl.h>
 
+#include <atomic>
+#include <map>
+#include <mutex>
 #include <sstream>
 #include <vector>
 
@@ -21,6 +24,41 @@ namespace torch_replay::aten::detail {
 JournalRegistry& journal_registry() {
   static JournalRegistry registry;
   return registry;
+}
+
+namespace {
+struct TransientStorages {
+  std::mutex mutex;
+  std::map<StorageKey, WeakStorage> storages;
+  std::atomic<bool> any{false};
+};
+TransientStorages& transient_storages() {
+  static TransientStorages registry;
+  return registry;
+}
+}  // namespace
+
+void mark_transient_storage(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) {
+    return;
+  }
+  auto& reg = transient_storages();
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  for (auto it = reg.storages.begin(); it != reg.storages.end();) {
+    it = it->second.expired() ? reg.storages.erase(it) : std::next(it);
+  }
+  reg.storages.insert_or_assign(storage_key(t), t.storage().getWeakStorageImpl());
+  reg.any.store(true, std::memory_order_release);
+}
+
+bool is_transient_storage(StorageKey key) {
+  auto& reg = transient_storages();
+  if (!reg.any.load(std::memory_order_acquire)) {
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(reg.mutex);
+  auto it = reg.storages.find(key);
+  return it != reg.storages.end() && !it->second.expired();
 }
 
 StorageRef ref_of(const c10::Storage& storage) {

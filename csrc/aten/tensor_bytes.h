@@ -46,6 +46,19 @@ struct JournalRegistry {
 JournalRegistry& journal_registry();
 Resolver journal_resolver();
 
+// Note [Transient storages]
+// Storages whose bytes another system rebuilds before every use and frees in
+// between: FSDP2's unsharded parameters (Note [FSDP traffic] in
+// torch_replay/_replay/fsdp.py), all-gathered from their local shard before
+// each forward and backward. Preserving such a storage by its own bytes keeps
+// what the new allocation held and puts it back as the re-run's start (a
+// silently wrong gradient), so detect="preserve" never preserves one: a read
+// of it is watched by its version counter instead, as at detect="reads", and
+// the local shard is what state= declares. Registered from Python
+// (mark_transient_storage); held weakly, so its key is never reused.
+void mark_transient_storage(const at::Tensor& t);
+bool is_transient_storage(StorageKey key);
+
 StorageRef ref_of(const c10::Storage& storage);
 StorageRef resolve_weak(const WeakStorage& weak);
 

@@ -562,7 +562,7 @@ void Transaction::forward_access(
     footprint_[key].add(fp);
     writes_[key].add(fp);
     RegionJournal::global().record_if_watched(key, ref, fp);
-  } else if (reads_engine_) {
+  } else if (reads_engine_ && !is_transient_storage(key)) {
     // Only bytes the segment has not written yet are read from before it
     // (a read of its own write is reproduced by the re-run itself). A hash of
     // bytes it wrote would be a hash of no value the journal can restore, and
@@ -573,7 +573,8 @@ void Transaction::forward_access(
     } else if (RangeSet exposed = fp.subtract(w->second); !exposed.empty()) {
       preserve_read(t, key, exposed);
     }
-  } else if (options_.watch_reads) {
+  } else if (options_.watch_reads || reads_engine_) {
+    // (Under preserve_reads, a transient storage: Note [Transient storages].)
     c10::TensorImpl* impl = t.unsafeGetTensorImpl();
     auto it = reads_.find(impl);
     if (it != reads_.end() && !it->second.impl.expired()) {

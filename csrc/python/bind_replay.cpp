@@ -153,6 +153,11 @@ TORCH_REPLAY_BINDINGS(replay) {
       "apply_segment",
       &apply_segment,
       "Run a segment through the C++ autograd Function (use_reentrant=True)");
+  m.def(
+      "mark_transient_storage",
+      &torch_replay::aten::detail::mark_transient_storage,
+      py::arg("tensor"),
+      "Never preserve this tensor's storage by its bytes (Note [Transient storages])");
   m.def("storage_key", [](const at::Tensor& t) {
     return static_cast<uint64_t>(storage_key(t));
   });

@@ -37,6 +37,11 @@ that does (its end state, a BatchNorm statistic, differs from the forward's).
 Blocks called one at a time are each their own FSDP root, which never reshards
 after forward, so only root calls showed it. (FSDP resizes the storage outside
 the dispatcher, one of the writes only ``tr.config.verify = "bytes"`` sees.)
+Undeclared, at ``detect="preserve"``, the same storage would be preserved by its
+own bytes for the same wrong re-run (NaN gradients in the root-call test), so each
+unsharded parameter is registered as a transient storage (Note [Transient
+storages] in csrc/aten/tensor_bytes.h): its reads are watched by version counter,
+as at ``detect="reads"``, and never preserved.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import weakref
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
+from .._ext import require_extension
 from .observe import unobserved
 
 __all__ = ["install", "local_state"]
@@ -122,6 +128,8 @@ def _remember_unsharded(group) -> None:
         unsharded = fp.__dict__.get("_unsharded_param")
         if unsharded is not None and unsharded not in _owner_of:
             _owner_of[unsharded] = weakref.ref(fp)
+            # Never preserved by its own bytes (Note [Transient storages]).
+            require_extension().mark_transient_storage(unsharded)
 
 
 def _remember_existing() -> None:
