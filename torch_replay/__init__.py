@@ -8,9 +8,11 @@ in the order a call travels:
   Transaction from the declared state; ``nonreentrant`` or ``reentrant`` runs it under
   the observer (``observe``) and drives the re-run in backward, or ``compiled`` hands it
   to Dynamo's checkpoint region; ``naming`` names tensors in errors; ``fsdp`` hides
-  FSDP2's traffic; ``drop_in`` reads the installed torch's signature.
+  FSDP2's traffic; ``drop_in`` reads the installed torch's signature; ``replace``
+  (``replace_torch_checkpoint``) routes code that calls ``torch.utils.checkpoint``
+  itself to ``checkpoint()`` for one block.
 - Wrapping modules: ``wrapper`` (``checkpoint_wrapper``, ``apply_activation_checkpointing``)
-  and ``integrations/`` (transformers), over ``checkpoint()``.
+  and ``integrations/`` (transformers, timm), over ``checkpoint()``.
 - Planning (``_planning/``): ``planner.plan`` on the option model (``options``);
   ``planned.PlannedSequential`` and ``layer_budget.plan_layers`` measure with ``runner``,
   ``peak``, ``layer_costs`` and ``kernel_timing``, and plan with ``layer_order``;
@@ -27,6 +29,7 @@ from __future__ import annotations
 from . import schedule
 from ._replay.api import checkpoint, checkpoint_sequential
 from ._replay.config import ENGINES, ReplayConfig, config
+from ._replay.replace import replace_torch_checkpoint
 from ._replay.segment import engine_bytes, heap_setting, last_transaction
 from .audit import audit
 from .errors import (
@@ -69,6 +72,7 @@ __all__ = [
     "heap_setting",
     "last_transaction",
     "plan",
+    "replace_torch_checkpoint",
     "schedule",
 ]
 

@@ -6,6 +6,7 @@ collection, the settings a segment carries) → ``nonreentrant`` / ``reentrant``
 ways a segment is saved and re-run) or ``compiled`` (under ``torch.compile``) →
 ``observe`` (the observer of operators), ``naming`` (what an error names), ``fsdp`` (FSDP2's
 traffic hidden from the observer), ``drop_in`` (torch's signature, read from the installed
-torch). Names shared inside this folder carry no underscore; nothing outside
+torch), ``replace`` (``replace_torch_checkpoint``: torch's names rebound to
+``checkpoint()`` for one block). Names shared inside this folder carry no underscore; nothing outside
 ``torch_replay`` should import from here.
 """

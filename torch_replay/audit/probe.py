@@ -24,7 +24,6 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.utils.checkpoint as _tcp
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .report import SegmentAudit
@@ -151,6 +150,7 @@ def probe(
     fill ``out``: the measured gradient errors, the engine ``auto`` chose and its
     retained bytes, or torch_replay's refusal. The state is put back after each run."""
     from .._replay.api import checkpoint
+    from .._replay.replace import torch_checkpoint as torchs
     from .._replay.segment import last_transaction
     from ..errors import ReplayError
 
@@ -158,7 +158,8 @@ def probe(
         return f(*a, **k)
 
     def torch_checkpoint(f, *a, **k):
-        return _tcp.checkpoint(f, *a, use_reentrant=False, **k)
+        # torch's own, also inside tr.replace_torch_checkpoint()
+        return torchs(f, *a, use_reentrant=False, **k)
 
     def replay(f, *a, **k):
         y = checkpoint(
