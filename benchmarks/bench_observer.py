@@ -30,6 +30,7 @@ and repetitions (a smoke run). Nothing is written unless ``--out`` is given.
 
 from __future__ import annotations
 
+import functools
 import os
 import statistics
 import sys
@@ -41,8 +42,7 @@ import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
 from benchmarks.lib.cli import add_out_quick, emit, make_parser
-from benchmarks.lib.models import PreNormBlock
-from benchmarks.lib.replay_steps import chain_step
+from benchmarks.lib.replay_steps import chain_step, gpt_step_maker
 
 
 def _time(fn) -> float:
@@ -165,32 +165,21 @@ GPT_ENGINES = ("auto", "journal", "readset", "guard", "snapshot")
 
 
 def bench_gpt(reps: int, layers: int = 6, d: int = 256, seq: int = 128, batch: int = 4) -> dict:
-    torch.manual_seed(0)
-    blocks = nn.ModuleList(PreNormBlock(d, 4, dropout=0.1) for _ in range(layers))
-    x = torch.randn(batch, seq, d)
-
-    def step(ckpt):
-        def run():
-            blocks.zero_grad(set_to_none=True)
-            h = x
-            for blk in blocks:
-                h = ckpt(blk, h, use_reentrant=False)
-            h.pow(2).mean().backward()
-
-        return run
+    step = gpt_step_maker(d, seq, batch, layers)
+    plain = functools.partial(tr.checkpoint, use_reentrant=False)
 
     def with_state(engine):
-        def ckpt(blk, h, use_reentrant):
-            return tr.checkpoint(blk, h, use_reentrant=use_reentrant, state=[blk], engine=engine)
+        def ckpt(blk, h):
+            return plain(blk, h, state=[blk], engine=engine)
 
         return ckpt
 
     variants = {
-        "torch": step(tcp.checkpoint),
-        "no state": step(tr.checkpoint),
-        "observe=False": _with_config(step(tr.checkpoint), observe=False),
+        "torch": step(functools.partial(tcp.checkpoint, use_reentrant=False)),
+        "no state": step(plain),
+        "observe=False": _with_config(step(plain), observe=False),
         **{f"state=[block], {e}": step(with_state(e)) for e in GPT_ENGINES},
-        'detect="preserve"': _with_config(step(tr.checkpoint), detect="preserve"),
+        'detect="preserve"': _with_config(step(plain), detect="preserve"),
     }
     med, ratio = _paired(variants, reps)
     return {

@@ -138,17 +138,22 @@ class _Block(torch.nn.Module):
         return x + self.net(x)
 
 
-def _fsdp_run(which: str, inside: bool, reentrant: bool, steps: int, rank: int):
+def _shard_blocks_and_root(model, rank: int):
+    """``fully_shard`` each block of ``model`` and then the root (the README's recipe);
+    returns its optimizer and the rank's input generator."""
     from torch.distributed.fsdp import fully_shard
 
-    ck = tcp.checkpoint if which == "torch" else tr.checkpoint
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[_Block(ck, inside, reentrant) for _ in range(3)])
     for block in model:
         fully_shard(block)
     fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    gen = torch.Generator().manual_seed(100 + rank)
+    return torch.optim.SGD(model.parameters(), lr=0.05), torch.Generator().manual_seed(100 + rank)
+
+
+def _fsdp_run(which: str, inside: bool, reentrant: bool, steps: int, rank: int):
+    ck = tcp.checkpoint if which == "torch" else tr.checkpoint
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_Block(ck, inside, reentrant) for _ in range(3)])
+    opt, gen = _shard_blocks_and_root(model, rank)
     grads = []
     for _ in range(steps):
         h = torch.randn(8, 16, generator=gen, requires_grad=True)
@@ -287,7 +292,6 @@ def _fsdp_root_run(which: str, kind: str, reentrant: bool, rank: int):
     """The README's recipe (wrap the blocks, ``fully_shard`` each block and the root)
     trained two steps from the root, as training loops call it."""
     from torch.distributed.algorithms._checkpoint import checkpoint_wrapper as ptd
-    from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[_StatefulBlock(kind) for _ in range(2)])
@@ -299,11 +303,7 @@ def _fsdp_root_run(which: str, kind: str, reentrant: bool, rank: int):
         impl = ptd.CheckpointImpl.REENTRANT if reentrant else ptd.CheckpointImpl.NO_REENTRANT
         wrap = functools.partial(ptd.checkpoint_wrapper, checkpoint_impl=impl)
         ptd.apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrap, check_fn=is_block)
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    gen = torch.Generator().manual_seed(100 + rank)
+    opt, gen = _shard_blocks_and_root(model, rank)
     grads = []
     level = "preserve" if which == "tr-preserve" else tr.config.detect
     for step in range(2):

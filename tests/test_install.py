@@ -41,6 +41,18 @@ def _entry_point_path(tmp_path, group: str) -> str:
     return str(folder)
 
 
+def _run_python(tmp_path, *args: str, env: dict[str, str], timeout: int = 900):
+    """``python *args`` in a fresh process in ``tmp_path``, its output captured."""
+    return subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=timeout,  # a hang guard, not a time box
+    )
+
+
 # What runs before torch.compile(backend="torch_replay") in the fresh process.
 _BEFORE = {
     # The entry point alone: dynamo finds the backend and imports the package.
@@ -73,14 +85,7 @@ def test_compile_backend_by_name_in_a_fresh_process(before, tmp_path):
     script = textwrap.dedent(_COMPILE).format(before=_BEFORE[before])
     env = subprocess_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
     env["PYTHONPATH"] += os.pathsep + _entry_point_path(tmp_path, "torch_dynamo_backends")
-    proc = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=900,  # a hang guard, not a time box
-    )
+    proc = _run_python(tmp_path, "-c", script, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().endswith("ok")
 
@@ -114,13 +119,8 @@ def test_pytest_plugin_imports_no_torch_until_its_fixture_is_used(tmp_path):
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
         args = ["-p", plugin]
     (tmp_path / "test_trivial.py").write_text(_TRIVIAL_TESTS.format(plugin=plugin))
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "test_trivial.py"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=900,  # a hang guard, not a time box
+    proc = _run_python(
+        tmp_path, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "test_trivial.py", env=env
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "2 passed" in proc.stdout
@@ -163,14 +163,7 @@ def _check_build(tmp_path, *commands: str, path=(), **environ: str):
     env = subprocess_env(**environ)
     env["PYTHONPATH"] = os.pathsep.join([*map(str, path), env["PYTHONPATH"]])
     setup_py = os.path.join(ROOT, "setup.py")
-    return subprocess.run(
-        [sys.executable, "-c", _CHECK, setup_py, *commands],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,  # a hang guard, not a time box
-    )
+    return _run_python(tmp_path, "-c", _CHECK, setup_py, *commands, env=env, timeout=300)
 
 
 def _fake_compiler(tmp_path, stderr: str = "", stdout: str = "", rc: int = 0) -> str:
@@ -294,14 +287,7 @@ for report in inductor_pass.reports():
 
 def test_unloadable_extension_is_one_clear_error(tmp_path):
     env = subprocess_env(TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    proc = subprocess.run(
-        [sys.executable, "-c", _UNLOADABLE],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=900,  # a hang guard, not a time box
-    )
+    proc = _run_python(tmp_path, "-c", _UNLOADABLE, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert "WARNINGS 1" in lines  # the import says so once

@@ -24,6 +24,7 @@ import torch_replay as tr
 
 ENGINES = ("auto", "journal", "readset", "snapshot", "guard")
 COPYING = ("readset", "snapshot")
+REENTRANT = pytest.mark.parametrize("reentrant", [False, True], ids=["nonreentrant", "reentrant"])
 
 
 class Block(nn.Module):
@@ -83,24 +84,30 @@ def _run(write, *, reentrant, engine=None, detect=None, verify=None):
     return block.lin.weight.grad, x.grad
 
 
-def _torch_grads(write):
+def _eager_grads_torch_misses(write):
+    """Eager's gradients, having checked that the case is real: torch's checkpoint is
+    wrong when ``write`` updates the buffer between forward and backward."""
+    eager = _eager_grads()
     block, x, new = _setup()
     y = tcp.checkpoint(block, x, use_reentrant=False)
     write(block.shift, new)
     y.sum().backward()
-    return block.lin.weight.grad, x.grad
+    assert not torch.equal(block.lin.weight.grad, eager[0])
+    return eager
 
 
-@pytest.mark.parametrize("reentrant", [False, True], ids=["nonreentrant", "reentrant"])
+def _assert_grads_equal(got, want):
+    assert not isinstance(got, Exception), got
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@REENTRANT
 @pytest.mark.parametrize("engine", ENGINES)
 def test_compiled_update_of_declared_state(engine, reentrant):
-    eager = _eager_grads()
-    # The case is real: torch's checkpoint is wrong here.
-    assert not torch.equal(_torch_grads(compiled_ema)[0], eager[0])
+    eager = _eager_grads_torch_misses(compiled_ema)
     got = _run(compiled_ema, reentrant=reentrant, engine=engine)
     if engine in COPYING:
-        assert not isinstance(got, Exception), got
-        assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+        _assert_grads_equal(got, eager)
     else:
         assert isinstance(got, tr.StateMutationError), got
         msg = str(got)
@@ -108,7 +115,7 @@ def test_compiled_update_of_declared_state(engine, reentrant):
         assert "engine='readset' or 'snapshot'" in msg
 
 
-@pytest.mark.parametrize("reentrant", [False, True], ids=["nonreentrant", "reentrant"])
+@REENTRANT
 @pytest.mark.parametrize("detect", ["reads", "preserve"])
 def test_compiled_update_of_undeclared_state(detect, reentrant):
     got = _run(compiled_ema, reentrant=reentrant, detect=detect)
@@ -118,14 +125,11 @@ def test_compiled_update_of_undeclared_state(detect, reentrant):
         assert "bypassed the dispatcher" in str(got)
 
 
-@pytest.mark.parametrize("reentrant", [False, True], ids=["nonreentrant", "reentrant"])
+@REENTRANT
 @pytest.mark.parametrize("engine", COPYING)
 def test_numpy_write_to_declared_state_copying_engines(engine, reentrant):
-    eager = _eager_grads()
-    assert not torch.equal(_torch_grads(numpy_ema)[0], eager[0])
-    got = _run(numpy_ema, reentrant=reentrant, engine=engine)
-    assert not isinstance(got, Exception), got
-    assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
+    eager = _eager_grads_torch_misses(numpy_ema)
+    _assert_grads_equal(_run(numpy_ema, reentrant=reentrant, engine=engine), eager)
 
 
 @pytest.mark.parametrize("engine", ["auto", "journal", "guard"])

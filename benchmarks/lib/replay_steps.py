@@ -115,9 +115,12 @@ def under_settings(**settings):
 # ------------------------------------------------------------------ the models
 
 
-def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
+def gpt_step_maker(width: int = 256, seq: int = 128, batch: int = 4, layers: int = 6):
+    """The GPT-style model of the GPT rows (``layers`` pre-norm blocks, dropout 0.1, on a
+    fixed input) as ``step(ckpt)``: one training step with each block run as
+    ``ckpt(block, h)``."""
     torch.manual_seed(0)
-    blocks = nn.ModuleList(PreNormBlock(width, 4, dropout=0.1) for _ in range(6))
+    blocks = nn.ModuleList(PreNormBlock(width, 4, dropout=0.1) for _ in range(layers))
     x = torch.randn(batch, seq, width)
 
     def step(ckpt):
@@ -129,6 +132,12 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
             h.pow(2).mean().backward()
 
         return run
+
+    return step
+
+
+def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
+    step = gpt_step_maker(width, seq, batch)
 
     def torch_ckpt(blk, h):
         return tcp.checkpoint(blk, h, use_reentrant=False)

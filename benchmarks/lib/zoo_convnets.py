@@ -18,16 +18,19 @@ def conv_bn(cin, cout, k=3, s=1, groups=1):
     )
 
 
+def shortcut(cin, cout, s):
+    """A residual's skip path: a strided 1x1 projection where the shape changes."""
+    if s != 1 or cin != cout:
+        return nn.Sequential(nn.Conv2d(cin, cout, 1, s, bias=False), nn.BatchNorm2d(cout))
+    return nn.Identity()
+
+
 class Basic(nn.Module):
     def __init__(self, cin, cout, s):
         super().__init__()
         self.a = conv_bn(cin, cout, 3, s)
         self.b = nn.Sequential(nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout))
-        self.sc = (
-            nn.Sequential(nn.Conv2d(cin, cout, 1, s, bias=False), nn.BatchNorm2d(cout))
-            if s != 1 or cin != cout
-            else nn.Identity()
-        )
+        self.sc = shortcut(cin, cout, s)
 
     def forward(self, x):
         return torch.relu(self.b(self.a(x)) + self.sc(x))
@@ -87,17 +90,21 @@ class Pooled(nn.Module):
         return self.fc(self.f(x).mean((2, 3)))
 
 
+def stem_and_blocks(block, *stages: tuple[int, int]) -> list[nn.Module]:
+    """A 16-channel stride-2 stem, then ``block(cin, cout, stride)`` per ``(cout, stride)``
+    of ``stages``, each block taking the channels of the one before."""
+    layers, cin = [conv_bn(3, 16, 3, 2)], 16
+    for cout, s in stages:
+        layers.append(block(cin, cout, s))
+        cin = cout
+    return layers
+
+
 class SmallMobileNet(Pooled):
     """MobileNetV2-style inverted residuals (stand-in for torchvision MobileNetV2)."""
 
     def __init__(self):
-        super().__init__(
-            conv_bn(3, 16, 3, 2),
-            InvRes(16, 16, 1),
-            InvRes(16, 24, 2),
-            InvRes(24, 24, 1),
-            features=24,
-        )
+        super().__init__(*stem_and_blocks(InvRes, (16, 1), (24, 2), (24, 1)), features=24)
 
 
 class SmallDeepLab(nn.Module):
@@ -283,11 +290,7 @@ class XBlock(nn.Module):
             nn.Conv2d(cout, cout, 1, bias=False),
             nn.BatchNorm2d(cout),
         )
-        self.sc = (
-            nn.Sequential(nn.Conv2d(cin, cout, 1, s, bias=False), nn.BatchNorm2d(cout))
-            if s != 1 or cin != cout
-            else nn.Identity()
-        )
+        self.sc = shortcut(cin, cout, s)
 
     def forward(self, x):
         return F.relu(self.f(x) + self.sc(x))
@@ -295,10 +298,4 @@ class XBlock(nn.Module):
 
 class RegNet(Pooled):
     def __init__(self):
-        super().__init__(
-            conv_bn(3, 16, 3, 2),
-            XBlock(16, 32, 2),
-            XBlock(32, 32, 1),
-            XBlock(32, 64, 2),
-            features=64,
-        )
+        super().__init__(*stem_and_blocks(XBlock, (32, 2), (32, 1), (64, 2)), features=64)

@@ -7,6 +7,7 @@
 #include <sstream>
 #include <utility>
 
+#include "aten/callback_thread.h"
 #include "aten/operator_facts.h"
 #include "aten/tensor_bytes.h"
 #include "core/status.h"
@@ -19,13 +20,10 @@ std::atomic<AuditRecorder*> g_active{nullptr};
 
 // Per-thread state of the recorder's callbacks (as the observer's
 // ThreadState, Note [C++ observer]).
-struct RecorderThread {
-  bool in_callback = false;
+struct RecorderThread : CallbackThread {
   int depth = 0;
   std::vector<StorageKey> top_keys;     // storages of the depth-0 operator
   std::vector<StorageKey> top_written;  // those it declares it writes
-  std::vector<at::Tensor> tensors;
-  std::vector<bool> writes;
   std::optional<at::CallbackHandle> handle;
 };
 
@@ -35,18 +33,6 @@ RecorderThread& thread_state() {
 }
 
 struct Counted : at::ObserverContext {};
-
-struct Busy {
-  explicit Busy(RecorderThread& s) : s_(s) {
-    s_.in_callback = true;
-  }
-  ~Busy() {
-    s_.tensors.clear();
-    s_.writes.clear();
-    s_.in_callback = false;
-  }
-  RecorderThread& s_;
-};
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   AuditRecorder* rec = g_active.load();
@@ -64,7 +50,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (rec->paused || (info.skip && depth > 0)) {
     return counted;
   }
-  Busy busy(s);
+  CallbackGuard guard(s);
   std::optional<at::Generator> generator;
   collect_arguments(
       info,
@@ -111,7 +97,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (rec == nullptr || s.in_callback || depth > 0 || rec->paused) {
     return;
   }
-  Busy busy(s);
+  CallbackGuard guard(s);
   for (const c10::IValue& v : fn.outputs()) {
     flatten_tensors(v, false, &s.tensors, &s.writes);
   }

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "aten/callback_thread.h"
 #include "aten/operator_facts.h"
 #include "aten/transaction.h"
 #include "core/status.h"
@@ -22,10 +23,9 @@ struct Entry {
   std::shared_ptr<ObserverGate> gate;
 };
 
-struct ThreadState {
+struct ThreadState : CallbackThread {
   std::vector<Entry> stack;
   std::optional<at::CallbackHandle> handle;
-  bool in_callback = false;
   // Nesting of observed operators: 0 for an operator the segment calls, more
   // for operators called by another operator's implementation.
   int depth = 0;
@@ -35,10 +35,6 @@ struct ThreadState {
   std::vector<StorageKey> top_written;
   // The thread's operator facts (made first, so they outlive this state).
   OperatorFacts* const facts = &OperatorFacts::thread();
-  // Buffers reused by every callback (callbacks never nest: in_callback).
-  std::vector<at::Tensor> tensors;
-  std::vector<bool> writes;
-  std::vector<bool> returned;
   // One entry per operator whose start this thread's observer saw and whose
   // end it has not seen yet: its facts if it was counted in `depth`, nullptr
   // if not. RecordFunction calls a callback's end exactly for the starts it
@@ -48,18 +44,8 @@ struct ThreadState {
   std::vector<const OpInfo*> frames;
 };
 
-// The thread's state. The pointer is initial-exec TLS (a plain load, not a
-// __tls_get_addr call per operator); the owner, made once per thread, frees
-// the state when the thread exits.
 ThreadState& state() {
-  static thread_local ThreadState* fast
-      __attribute__((tls_model("initial-exec"))) = nullptr;
-  if (fast == nullptr) {
-    thread_local std::unique_ptr<ThreadState> owner =
-        std::make_unique<ThreadState>();
-    fast = owner.get();
-  }
-  return *fast;
+  return thread_instance<ThreadState>();
 }
 
 // Pushes `entry` on `frames` for the end callback to pop; pushing never
@@ -80,19 +66,6 @@ const OpInfo* pop_frame(std::vector<const OpInfo*>& frames) {
   frames.pop_back();
   return entry;
 }
-
-struct CallbackGuard {
-  explicit CallbackGuard(ThreadState& s) : s_(s) {
-    s_.in_callback = true;
-  }
-  ~CallbackGuard() {
-    s_.tensors.clear();  // hold no tensor beyond the callback
-    s_.writes.clear();
-    s_.returned.clear();
-    s_.in_callback = false;
-  }
-  ThreadState& s_;
-};
 
 // Shows a storage-changing operator's argument 0 to the transactions, before
 // or after it runs (Note [Storage-changing writes]), at any depth: the

@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "aten/callback_thread.h"
 #include "aten/tensor_bytes.h"
 
 namespace torch_replay::aten {
@@ -87,14 +88,7 @@ OpInfo make_info(const at::RecordFunction& fn) {
 }  // namespace
 
 OperatorFacts& OperatorFacts::thread() {
-  static thread_local OperatorFacts* fast
-      __attribute__((tls_model("initial-exec"))) = nullptr;
-  if (fast == nullptr) {
-    thread_local std::unique_ptr<OperatorFacts> owner =
-        std::make_unique<OperatorFacts>();
-    fast = owner.get();
-  }
-  return *fast;
+  return thread_instance<OperatorFacts>();
 }
 
 __attribute__((noinline)) const OpInfo& OperatorFacts::of_uncached(

@@ -60,9 +60,8 @@ struct OpInfo {
 // audit, whose callbacks each look up every operator they are shown.
 class OperatorFacts {
  public:
-  // This thread's cache. The pointer is initial-exec TLS (a plain load, not
-  // a __tls_get_addr call per operator); the owner, made once per thread,
-  // frees the cache when the thread exits.
+  // This thread's cache (thread_instance: a plain load per operator, freed
+  // when the thread exits).
   static OperatorFacts& thread();
 
   // The facts of `fn`'s operator (of a range that is no operator: `op` is

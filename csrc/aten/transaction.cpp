@@ -44,6 +44,12 @@ std::string kind_of_tensor(const at::Tensor& t) {
   return "a tensor without storage (" + c10::str(t.device()) + ")";
 }
 
+bool has_sparse(const std::vector<at::Tensor>& tensors) {
+  return std::any_of(tensors.begin(), tensors.end(), [](const at::Tensor& t) {
+    return t.defined() && t.layout() != at::kStrided;
+  });
+}
+
 }  // namespace
 
 Transaction::Transaction(
@@ -327,7 +333,27 @@ void Transaction::before_op(
     const std::vector<bool>& returned) {
   TORCH_INTERNAL_ASSERT(tensors.size() == writes.size());
   TORCH_INTERNAL_ASSERT(returned.empty() || returned.size() == writes.size());
-  if (before_sparse_op(tensors, writes, random, generator, nested, returned)) {
+  if (has_sparse(tensors)) {
+    // Observed as the strided parts (Note [Sparse tensors]), and refused if
+    // it writes a sparse tensor that existed before the segment.
+    std::vector<at::Tensor> parts;
+    std::vector<bool> part_writes, part_returned;
+    const StorageKey refused = expand_sparse(
+        tensors, writes, returned, &parts, &part_writes, &part_returned);
+    // (The accesses are recorded before the refusal: the operator may run
+    // anyway, and the rollback then restores what it wrote in place.)
+    before_op(parts, part_writes, random, generator, nested, part_returned);
+    if (refused != 0) {
+      fail(
+          static_cast<int>(ErrorKind::kUnsupported),
+          "the segment writes a sparse tensor that existed before it: a "
+          "sparse write may replace the tensor's indices and values instead "
+          "of writing them, and the re-run could not start again from the "
+          "forward's. Write a copy (t = t.clone() before the segment, or out "
+          "of place inside it), or keep that write outside the checkpointed "
+          "segment.",
+          refused);
+    }
     return;
   }
   const bool replay = phase_ == Phase::kReplay;
@@ -345,39 +371,6 @@ void Transaction::before_op(
   }
   record_accesses(tensors, writes, replay);
   refuse_writes(tensors, writes, returned, tainted_read, replay);
-}
-
-bool Transaction::before_sparse_op(
-    const std::vector<at::Tensor>& tensors,
-    const std::vector<bool>& writes,
-    bool random,
-    const std::optional<at::Generator>& generator,
-    bool nested,
-    const std::vector<bool>& returned) {
-  for (const at::Tensor& t : tensors) {
-    if (t.defined() && t.layout() != at::kStrided) {
-      std::vector<at::Tensor> parts;
-      std::vector<bool> part_writes, part_returned;
-      const StorageKey refused = expand_sparse(
-          tensors, writes, returned, &parts, &part_writes, &part_returned);
-      // (The accesses are recorded before the refusal: the operator may run
-      // anyway, and the rollback then restores what it wrote in place.)
-      before_op(parts, part_writes, random, generator, nested, part_returned);
-      if (refused != 0) {
-        fail(
-            static_cast<int>(ErrorKind::kUnsupported),
-            "the segment writes a sparse tensor that existed before it: a "
-            "sparse write may replace the tensor's indices and values "
-            "instead of writing them, and the re-run could not start again "
-            "from the forward's. Write a copy (t = t.clone() before the "
-            "segment, or out of place inside it), or keep that write outside "
-            "the checkpointed segment.",
-            refused);
-      }
-      return true;
-    }
-  }
-  return false;
 }
 
 bool Transaction::scan_arguments(
@@ -998,7 +991,8 @@ uint64_t Transaction::touched_key(const at::Tensor& t) const {
     return 0;
   }
   const StorageKey key = storage_key(t);
-  if (!external_.count(key) || (declared_.count(key) && !footprint_.count(key))) {
+  if (!external_.count(key) ||
+      (declared_.count(key) && !footprint_.count(key))) {
     return 0;
   }
   return static_cast<uint64_t>(key);

@@ -367,16 +367,8 @@ class Transaction {
       std::vector<at::Tensor>* parts,
       std::vector<bool>* part_writes,
       std::vector<bool>* part_returned);
-  // before_op, step by step (in this order; each after the one above):
-  // Whether the operator has a sparse argument; if so, it was observed as
-  // its strided parts (Note [Sparse tensors]) and refused if it writes one.
-  bool before_sparse_op(
-      const std::vector<at::Tensor>& tensors,
-      const std::vector<bool>& writes,
-      bool random,
-      const std::optional<at::Generator>& generator,
-      bool nested,
-      const std::vector<bool>& returned);
+  // before_op of strided arguments, step by step (in this order; each after
+  // the one above):
   // Which storage each argument is and whether this run made it (in
   // keys_scratch_ / own_scratch_); in the forward, also records the devices
   // and pre-existing storages seen, and returns whether a float argument it

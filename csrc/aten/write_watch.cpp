@@ -7,6 +7,7 @@
 #include <optional>
 #include <vector>
 
+#include "aten/callback_thread.h"
 #include "aten/op_observer.h"
 #include "aten/operator_facts.h"
 #include "aten/tensor_bytes.h"
@@ -19,40 +20,14 @@ using namespace detail;  // NOLINT(google-build-using-namespace)
 namespace {
 
 // Per-thread state of the watch's callback.
-struct WatchThread {
+struct WatchThread : CallbackThread {
   // The thread's operator facts (made first, so they outlive this state).
   OperatorFacts* const facts = &OperatorFacts::thread();
-  bool in_callback = false;
-  // Buffers reused by every callback (callbacks never nest: in_callback).
-  std::vector<at::Tensor> tensors;
-  std::vector<bool> writes;
 };
 
-// The thread's state. The pointer is initial-exec TLS (a plain load, not a
-// __tls_get_addr call per operator); the owner, made once per thread, frees
-// the state when the thread exits.
 WatchThread& state() {
-  static thread_local WatchThread* fast
-      __attribute__((tls_model("initial-exec"))) = nullptr;
-  if (fast == nullptr) {
-    thread_local std::unique_ptr<WatchThread> owner =
-        std::make_unique<WatchThread>();
-    fast = owner.get();
-  }
-  return *fast;
+  return thread_instance<WatchThread>();
 }
-
-struct CallbackGuard {
-  explicit CallbackGuard(WatchThread& s) : s_(s) {
-    s_.in_callback = true;
-  }
-  ~CallbackGuard() {
-    s_.tensors.clear();  // hold no tensor beyond the callback
-    s_.writes.clear();
-    s_.in_callback = false;
-  }
-  WatchThread& s_;
-};
 
 void journal_writes(
     WatchThread& s, const at::RecordFunction& fn, const OpInfo& info);

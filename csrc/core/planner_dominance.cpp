@@ -19,15 +19,17 @@ struct SweepKey {
   uint32_t index;
 };
 
-}  // namespace
-
-void pareto_sweep(const std::vector<State>& cand, std::vector<char>& keep) {
+// The candidates' keys in sweep order: by transient, retained, time, index.
+// `summed`: keyed by retained + transient alone (transient 0), the unsafe
+// rule's memory.
+std::vector<SweepKey> sorted_keys(const std::vector<State>& cand, bool summed) {
   std::vector<SweepKey> keys(cand.size());
   for (size_t i = 0; i < cand.size(); ++i) {
+    const State& c = cand[i];
     keys[i] = {
-        cand[i].transient,
-        cand[i].retained,
-        cand[i].time,
+        summed ? 0 : c.transient,
+        summed ? c.retained + c.transient : c.retained,
+        c.time,
         static_cast<uint32_t>(i)};
   }
   std::sort(keys.begin(), keys.end(), [](const SweepKey& a, const SweepKey& b) {
@@ -42,6 +44,13 @@ void pareto_sweep(const std::vector<State>& cand, std::vector<char>& keep) {
     }
     return a.index < b.index;
   });
+  return keys;
+}
+
+}  // namespace
+
+void pareto_sweep(const std::vector<State>& cand, std::vector<char>& keep) {
+  const std::vector<SweepKey> keys = sorted_keys(cand, /*summed=*/false);
   // Staircase of the kept states seen so far (all with transient <= the
   // current one): retained -> (least time, earliest index with exactly that
   // retained and time). Times strictly decrease as retained grows, so the
@@ -92,23 +101,7 @@ void pareto_sweep(const std::vector<State>& cand, std::vector<char>& keep) {
 // The unsafe rule of Note [Planner dominance]: (retained + transient, time).
 void summed_memory_sweep(
     const std::vector<State>& cand, std::vector<char>& keep) {
-  std::vector<SweepKey> keys(cand.size());
-  for (size_t i = 0; i < cand.size(); ++i) {
-    keys[i] = {
-        0,
-        cand[i].retained + cand[i].transient,
-        cand[i].time,
-        static_cast<uint32_t>(i)};
-  }
-  std::sort(keys.begin(), keys.end(), [](const SweepKey& a, const SweepKey& b) {
-    if (a.retained != b.retained) {
-      return a.retained < b.retained;
-    }
-    if (a.time != b.time) {
-      return a.time < b.time;
-    }
-    return a.index < b.index;
-  });
+  const std::vector<SweepKey> keys = sorted_keys(cand, /*summed=*/true);
   double best = std::numeric_limits<double>::infinity();
   for (const SweepKey& k : keys) {
     if (k.time < best) {

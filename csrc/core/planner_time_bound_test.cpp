@@ -210,6 +210,33 @@ TEST(PlannerTimeBoundTest, EdgesAndFenwickCostMatchBruteForce) {
   }
 }
 
+// Calls visit(retained, transient, time) for every choice of one option per
+// segment >= s: their summed retained, largest transient and time (summed in
+// segment order, as the planner sums).
+template <typename Visit>
+void for_each_plan(const Segments& segs, size_t s, Visit visit) {
+  std::vector<size_t> idx(segs.size(), 0);
+  while (true) {
+    int64_t r = 0;
+    int64_t t = 0;
+    double c = 0.0;
+    for (size_t i = s; i < segs.size(); ++i) {
+      const PlannerOption& o = segs[i][idx[i]];
+      r += o.retained;
+      t = std::max(t, o.transient);
+      c += o.time;
+    }
+    visit(r, t, c);
+    size_t i = s;
+    while (i < segs.size() && ++idx[i] == segs[i].size()) {
+      idx[i++] = 0;
+    }
+    if (i == segs.size()) {
+      return;
+    }
+  }
+}
+
 // ---------------------------------------------------------- SuffixTimeBound
 
 // The least time segments >= s add to a state with transient q and
@@ -218,28 +245,12 @@ TEST(PlannerTimeBoundTest, EdgesAndFenwickCostMatchBruteForce) {
 double brute_force_completion(
     const Segments& segs, size_t s, int64_t room_left, int64_t q) {
   double best = kInf;
-  std::vector<size_t> idx(segs.size(), 0);
-  while (true) {
-    int64_t r = 0;
-    int64_t t = q;
-    double c = 0.0;
-    for (size_t i = s; i < segs.size(); ++i) {
-      const PlannerOption& o = segs[i][idx[i]];
-      r += o.retained;
-      t = std::max(t, o.transient);
-      c += o.time;
-    }
-    if (r + t <= room_left) {
+  for_each_plan(segs, s, [&](int64_t r, int64_t t, double c) {
+    if (r + std::max(t, q) <= room_left) {
       best = std::min(best, c);
     }
-    size_t i = s;
-    while (i < segs.size() && ++idx[i] == segs[i].size()) {
-      idx[i++] = 0;
-    }
-    if (i == segs.size()) {
-      return best;
-    }
-  }
+  });
+  return best;
 }
 
 TEST(PlannerTimeBoundTest, SuffixBoundNeverExceedsBruteForce) {
@@ -320,33 +331,16 @@ TEST(PlannerTimeBoundTest, SuffixBoundNeverExceedsBruteForce) {
 
 // --------------------------------------- the planner's greedy and root bounds
 
-// Every plan's time (summed in segment order, as the planner sums) that fits
-// the budget, and the least of them.
+// Every plan's time that fits the budget, and the least of them.
 std::set<double> feasible_times(
     const Segments& segs, int64_t persistent, int64_t budget) {
   std::set<double> times;
-  std::vector<size_t> idx(segs.size(), 0);
-  while (true) {
-    int64_t r = 0;
-    int64_t t = 0;
-    double c = 0.0;
-    for (size_t i = 0; i < segs.size(); ++i) {
-      const PlannerOption& o = segs[i][idx[i]];
-      r += o.retained;
-      t = std::max(t, o.transient);
-      c += o.time;
-    }
+  for_each_plan(segs, 0, [&](int64_t r, int64_t t, double c) {
     if (persistent + r + t <= budget) {
       times.insert(c);
     }
-    size_t i = 0;
-    while (i < segs.size() && ++idx[i] == segs[i].size()) {
-      idx[i++] = 0;
-    }
-    if (i == segs.size()) {
-      return times;
-    }
-  }
+  });
+  return times;
 }
 
 TEST(PlannerTimeBoundTest, GreedyAndRootBoundsBracketTheBruteForceOptimum) {

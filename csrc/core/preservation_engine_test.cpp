@@ -7,24 +7,15 @@
 #include <utility>
 #include <vector>
 
+#include "core/byte_testing.h"
 #include "core/status.h"
 
 namespace torch_replay {
 namespace {
 
 // Three storages of raw bytes, keys 1..3, all declared.
-struct Memory {
-  std::vector<std::vector<uint8_t>> s = {
-      std::vector<uint8_t>(128),
-      std::vector<uint8_t>(64),
-      std::vector<uint8_t>(40)};
-  StorageRef ref(StorageKey key) {
-    auto& v = s.at(key - 1);
-    return {v.data(), static_cast<int64_t>(v.size()), &host_device()};
-  }
-  Resolver resolver() {
-    return [this](StorageKey k) { return ref(k); };
-  }
+struct Memory : HostMemory {
+  Memory() : HostMemory({128, 64, 40}) {}
 };
 
 struct Touch {
@@ -48,13 +39,13 @@ Touch random_touch(std::mt19937& rng, Memory& m, bool writes) {
   std::uniform_int_distribution<int> which(1, 3), kind(0, writes ? 2 : 0);
   Touch t;
   t.key = which(rng);
-  t.ranges = random_ranges(rng, static_cast<int64_t>(m.s[t.key - 1].size()));
+  t.ranges = random_ranges(rng, static_cast<int64_t>(m.of(t.key).size()));
   t.access = static_cast<Access>(kind(rng));
   return t;
 }
 
 void scribble(Memory& m, const Touch& t, std::mt19937& rng) {
-  auto& v = m.s[t.key - 1];
+  auto& v = m.of(t.key);
   for (const auto& r : t.ranges.ranges()) {
     for (int64_t i = r.begin; i < r.end; ++i) {
       v[i] = static_cast<uint8_t>(rng());
@@ -74,7 +65,7 @@ std::vector<uint8_t> over(
                                      : r.subtract(written[t.key - 1]);
     }
     for (const auto& x : r.ranges()) {
-      const auto& v = m.s[t.key - 1];
+      const auto& v = m.of(t.key);
       out.insert(out.end(), v.begin() + x.begin, v.begin() + x.end);
     }
     if (t.access != Access::kRead) {
@@ -101,7 +92,7 @@ void check_engine(
       (proof == Proof::kWriteMarks ? 104729 : 0));
   for (int trial = 0; trial < 200; ++trial) {
     Memory m;
-    for (auto& v : m.s) {
+    for (auto& v : m.bytes) {
       for (auto& b : v) {
         b = static_cast<uint8_t>(rng());
       }
@@ -185,7 +176,8 @@ void check_engine(
             << engine_name(kind) << " trial " << trial << " segment " << s;
       }
       saved.restore_all(m.resolver());
-      EXPECT_EQ(m.s, live.s) << "the live bytes came back, trial " << trial;
+      EXPECT_EQ(m.bytes, live.bytes)
+          << "the live bytes came back, trial " << trial;
     }
     for (auto& e : engines) {
       e->release();
@@ -235,10 +227,10 @@ TEST(PreservationEngineTest, CopyingEnginesRestoreWritesTheJournalNeverSaw) {
   for (EngineKind kind : {EngineKind::kSnapshot, EngineKind::kReadset}) {
     for (Proof proof : {Proof::kHashes, Proof::kWriteMarks}) {
       Memory m;
-      for (size_t i = 0; i < m.s[0].size(); ++i) {
-        m.s[0][i] = static_cast<uint8_t>(i);
+      for (size_t i = 0; i < m.of(1).size(); ++i) {
+        m.of(1)[i] = static_cast<uint8_t>(i);
       }
-      const std::vector<uint8_t> start = m.s[0];
+      const std::vector<uint8_t> start = m.of(1);
       RegionJournal journal;
       auto e = make_engine(kind, journal, proof);
       e->declare(1, m.ref(1));
@@ -246,17 +238,17 @@ TEST(PreservationEngineTest, CopyingEnginesRestoreWritesTheJournalNeverSaw) {
       read.add(8, 40);
       e->access(1, m.ref(1), read, Access::kRead);
       e->end_forward();
-      for (auto& b : m.s[0]) {
+      for (auto& b : m.of(1)) {
         b = static_cast<uint8_t>(b ^ 0xff);  // unseen: no record_if_watched
       }
       const auto regions = e->restored_regions();
       ASSERT_EQ(regions.count(1), 1u) << engine_name(kind);
       EXPECT_EQ(e->restore_start(m.resolver()), 0);
       for (int64_t i = 8; i < 40; ++i) {
-        EXPECT_EQ(m.s[0][i], start[i]) << engine_name(kind) << " byte " << i;
+        EXPECT_EQ(m.of(1)[i], start[i]) << engine_name(kind) << " byte " << i;
       }
       if (kind == EngineKind::kReadset) {  // only what the segment read
-        EXPECT_EQ(m.s[0][0], static_cast<uint8_t>(start[0] ^ 0xff));
+        EXPECT_EQ(m.of(1)[0], static_cast<uint8_t>(start[0] ^ 0xff));
       }
       e->release();
     }
@@ -321,7 +313,7 @@ TEST(PreservationEngineTest, RollbackPutsBackWhatTheForwardWrote) {
       }
     }
     e->rollback(m.resolver());
-    EXPECT_EQ(m.s, before.s) << engine_name(kind);
+    EXPECT_EQ(m.bytes, before.bytes) << engine_name(kind);
   }
 }
 

@@ -8,30 +8,15 @@
 #include <utility>
 #include <vector>
 
+#include "core/byte_testing.h"
 #include "core/status.h"
 
 namespace torch_replay {
 namespace {
 
-// Three storages of raw bytes, keys 1, 2 and 3; a key can be made to
-// resolve to nothing (a storage that is gone).
-struct Memory {
-  std::vector<std::vector<uint8_t>> bytes = {
-      std::vector<uint8_t>(40),
-      std::vector<uint8_t>(64),
-      std::vector<uint8_t>(17)};
-  std::vector<char> gone = std::vector<char>(3, 0);
-  std::vector<uint8_t>& of(StorageKey key) {
-    return bytes.at(key - 1);
-  }
-  StorageRef ref(StorageKey key) {
-    auto& v = of(key);
-    return {v.data(), static_cast<int64_t>(v.size()), &host_device()};
-  }
-  Resolver resolver() {
-    return
-        [this](StorageKey k) { return gone.at(k - 1) ? StorageRef{} : ref(k); };
-  }
+// Three storages of raw bytes, keys 1, 2 and 3.
+struct Memory : HostMemory {
+  Memory() : HostMemory({40, 64, 17}) {}
 };
 
 // Byte-by-byte reference: per storage, the value each byte had when it was

@@ -42,11 +42,8 @@ at::Tensor access_table(const AuditRecorder& r) {
 }
 
 }  // namespace
-}  // namespace torch_replay::aten
 
 TORCH_REPLAY_BINDINGS(audit) {
-  using namespace torch_replay;
-  using namespace torch_replay::aten;
   py::class_<AuditRecorder>(m, "AuditRecorder")
       .def(py::init<>())
       .def("start", &AuditRecorder::start)
@@ -100,3 +97,5 @@ TORCH_REPLAY_BINDINGS(audit) {
           },
           py::arg("code"));
 }
+
+}  // namespace torch_replay::aten

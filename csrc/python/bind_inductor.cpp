@@ -22,10 +22,8 @@ py::dict to_dict(const CountingStats& s) {
 }
 
 }  // namespace
-}  // namespace torch_replay::aten
 
 TORCH_REPLAY_BINDINGS(inductor) {
-  using namespace torch_replay::aten;
   auto sub = m.def_submodule(
       "inductor", "Counting CPU allocator for the Inductor pass's guard");
   sub.def(
@@ -47,3 +45,5 @@ TORCH_REPLAY_BINDINGS(inductor) {
       "Set peak = live (measure the peak of a part of the window).");
   sub.def("counting_active", &counting_active);
 }
+
+}  // namespace torch_replay::aten

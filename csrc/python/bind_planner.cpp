@@ -62,11 +62,8 @@ PlannerDominance parse_dominance(const std::string& name) {
 }
 
 }  // namespace
-}  // namespace torch_replay::python
 
 TORCH_REPLAY_BINDINGS(planner) {
-  using namespace torch_replay;
-  using namespace torch_replay::python;
   auto pm = m.def_submodule(
       "planner", "Exact Pareto DP planner (csrc/core/pareto_planner.h)");
 
@@ -160,3 +157,5 @@ TORCH_REPLAY_BINDINGS(planner) {
       py::arg("head") = 0,
       "The peak of Note [Ordered layer peak] of one option per layer.");
 }
+
+}  // namespace torch_replay::python

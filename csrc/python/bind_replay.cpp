@@ -40,11 +40,7 @@ class StorageKeeper {
 
 }  // namespace
 
-}  // namespace torch_replay::aten
-
 TORCH_REPLAY_BINDINGS(replay) {
-  using namespace torch_replay;
-  using namespace torch_replay::aten;
   py::class_<Transaction>(m, "Transaction")
       .def(
           py::init([](const std::string& engine,
@@ -174,3 +170,5 @@ TORCH_REPLAY_BINDINGS(replay) {
   m.def("region_store_bytes", [] { return RegionStore::process_bytes(); });
   m.def("journal_entries", [] { return RegionJournal::global().entries(); });
 }
+
+}  // namespace torch_replay::aten

@@ -75,10 +75,8 @@ py::dict lower_bounds(
 }
 
 }  // namespace
-}  // namespace torch_replay::schedule
 
 TORCH_REPLAY_BINDINGS(schedule) {
-  using namespace torch_replay::schedule;
   auto sm = m.def_submodule(
       "schedule", "Peak-memory scheduling core (see torch_replay.schedule)");
 
@@ -258,3 +256,5 @@ TORCH_REPLAY_BINDINGS(schedule) {
       py::arg("max_search_states") = 2'000'000,
       py::arg("random_restarts") = 8);
 }
+
+}  // namespace torch_replay::schedule
