@@ -343,6 +343,16 @@ def _fsdp_root_job(rank):
     return out
 
 
+def _bitwise(run, reference) -> None:
+    """Two steps' gradients, then parameters and buffers, equal bitwise."""
+    (g_e, p_e, b_e), (g_r, p_r, b_r) = reference, run
+    for step, (a, b) in enumerate(zip(g_e, g_r, strict=True)):
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x, y), (step, (x - y).abs().max())
+    for x, y in zip(p_e + b_e, p_r + b_r, strict=True):
+        assert torch.equal(x, y), (x - y).abs().max()
+
+
 @pytest.mark.parametrize("reentrant", [False, True], ids=["plain", "reentrant"])
 @pytest.mark.parametrize("kind", _KINDS)
 def test_fsdp2_root_call_stateful_blocks_train_like_eager(ranks, kind, reentrant):
@@ -354,19 +364,9 @@ def test_fsdp2_root_call_stateful_blocks_train_like_eager(ranks, kind, reentrant
     for res in _results(ranks, "fsdp-root"):
         res = res[kind]
         assert "error" not in res, res.get("error")
-        (g_e, p_e, b_e), (g_r, p_r, b_r) = res["eager"], res[("tr", reentrant)]
-        for step, (a, b) in enumerate(zip(g_e, g_r, strict=True)):
-            for x, y in zip(a, b, strict=True):
-                assert torch.equal(x, y), (step, (x - y).abs().max())
-        for x, y in zip(p_e + b_e, p_r + b_r, strict=True):
-            assert torch.equal(x, y), (x - y).abs().max()
+        _bitwise(res[("tr", reentrant)], res["eager"])
         if kind == "pure":
-            g_t, p_t, b_t = res[("torch", reentrant)]
-            for a, b in zip(g_t, g_r, strict=True):
-                for x, y in zip(a, b, strict=True):
-                    assert torch.equal(x, y)
-            for x, y in zip(p_t + b_t, p_r + b_r, strict=True):
-                assert torch.equal(x, y)
+            _bitwise(res[("tr", reentrant)], res[("torch", reentrant)])
 
 
 @pytest.mark.parametrize("reentrant", [False, True], ids=["plain", "reentrant"])
@@ -380,12 +380,7 @@ def test_fsdp2_root_call_at_detect_preserve_trains_like_eager(ranks, kind, reent
     for res in _results(ranks, "fsdp-root"):
         res = res[kind]
         assert "error" not in res, res.get("error")
-        (g_e, p_e, b_e), (g_r, p_r, b_r) = res["eager"], res[("tr-preserve", reentrant)]
-        for step, (a, b) in enumerate(zip(g_e, g_r, strict=True)):
-            for x, y in zip(a, b, strict=True):
-                assert torch.equal(x, y), (step, (x - y).abs().max())
-        for x, y in zip(p_e + b_e, p_r + b_r, strict=True):
-            assert torch.equal(x, y), (x - y).abs().max()
+        _bitwise(res[("tr-preserve", reentrant)], res["eager"])
 
 
 def _lightning_model_parallel_job(rank):

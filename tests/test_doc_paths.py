@@ -132,8 +132,14 @@ def test_named_modules_exist():
     missing = []
     for path, text in _sources():
         for mod in sorted(set(_MODULE.findall(text))):
-            if mod.split(".")[0] not in ("torch_replay", "inductor_pass", "benchmarks", "tests",
-                                         "examples", "scripts"):
+            if mod.split(".")[0] not in (
+                "torch_replay",
+                "inductor_pass",
+                "benchmarks",
+                "tests",
+                "examples",
+                "scripts",
+            ):
                 continue  # torch's or a tool's module (sphinx, build, pytest)
             if mod.split(".")[-1].isupper():
                 continue  # a placeholder: python -m benchmarks.NAME
@@ -143,12 +149,24 @@ def test_named_modules_exist():
 
 
 def _all_text_files() -> list[Path]:
-    dirs = ("csrc", "torch_replay", "inductor_pass", "benchmarks", "tests", "scripts", "cuda",
-            "docs", "examples")
+    dirs = (
+        "csrc",
+        "torch_replay",
+        "inductor_pass",
+        "benchmarks",
+        "tests",
+        "scripts",
+        "cuda",
+        "docs",
+        "examples",
+    )
     files = [ROOT / "README.md", ROOT / "setup.py", ROOT / "CMakeLists.txt"]
     for d in dirs:
-        files += [p for p in (ROOT / d).rglob("*")
-                  if p.is_file() and p.suffix in CODE_SUFFIXES | {".md", ".sh", ".txt", ".cu"}]
+        files += [
+            p
+            for p in (ROOT / d).rglob("*")
+            if p.is_file() and p.suffix in CODE_SUFFIXES | {".md", ".sh", ".txt", ".cu"}
+        ]
     this = Path(__file__).resolve()
     return [f for f in files if f.exists() and "results" not in f.parts and f != this]
 
@@ -171,8 +189,10 @@ def test_every_note_cited_is_defined():
 @pytest.mark.parametrize(
     "text, paths",
     [
-        ("see `csrc/aten/op_observer.{h,cpp}` and tests/test_ops.py.",
-         {"csrc/aten/op_observer.{h,cpp}", "tests/test_ops.py"}),
+        (
+            "see `csrc/aten/op_observer.{h,cpp}` and tests/test_ops.py.",
+            {"csrc/aten/op_observer.{h,cpp}", "tests/test_ops.py"},
+        ),
         ("https://github.com/a/b.py is not ours", set()),
     ],
 )

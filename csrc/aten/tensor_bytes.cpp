@@ -47,7 +47,8 @@ void mark_transient_storage(const at::Tensor& t) {
   for (auto it = reg.storages.begin(); it != reg.storages.end();) {
     it = it->second.expired() ? reg.storages.erase(it) : std::next(it);
   }
-  reg.storages.insert_or_assign(storage_key(t), t.storage().getWeakStorageImpl());
+  reg.storages.insert_or_assign(
+      storage_key(t), t.storage().getWeakStorageImpl());
   reg.any.store(true, std::memory_order_release);
 }
 

@@ -194,8 +194,9 @@ void Transaction::observe_reshape_after() noexcept {
   keep_pending([&] { after_reshape(); });
 }
 
-void Transaction::fail(int kind, const std::string& msg, StorageKey key) const {
-  throw ReplayException(static_cast<ErrorKind>(kind), msg, key);
+void Transaction::fail(
+    ErrorKind kind, const std::string& msg, StorageKey key) const {
+  throw ReplayException(kind, msg, key);
 }
 
 // Phase checks reachable from Python (re-entry of a segment from inside its
@@ -212,7 +213,7 @@ void Transaction::require_phase(bool ok, const char* action) const {
       "re-running",
       "released"};
   fail(
-      static_cast<int>(ErrorKind::kUnsupported),
+      ErrorKind::kUnsupported,
       std::string("torch_replay: cannot ") + action +
           " of a checkpointed segment that is " +
           kPhaseNames[static_cast<int>(phase_)] +
@@ -345,7 +346,7 @@ void Transaction::before_op(
     before_op(parts, part_writes, random, generator, nested, part_returned);
     if (refused != 0) {
       fail(
-          static_cast<int>(ErrorKind::kUnsupported),
+          ErrorKind::kUnsupported,
           "the segment writes a sparse tensor that existed before it: a "
           "sparse write may replace the tensor's indices and values instead "
           "of writing them, and the re-run could not start again from the "
@@ -497,7 +498,7 @@ void Transaction::refuse_writes(
         !at::isFloatingType(w.scalar_type()) &&
         !at::isComplexType(w.scalar_type())) {
       fail(
-          static_cast<int>(ErrorKind::kUnsupported),
+          ErrorKind::kUnsupported,
           "the segment writes a value that requires a float gradient into an "
           "integer tensor (" +
               describe(w) +
@@ -507,7 +508,7 @@ void Transaction::refuse_writes(
     }
     if (overlaps_other_view(tensors, keys, i)) {
       fail(
-          static_cast<int>(ErrorKind::kOverlap),
+          ErrorKind::kOverlap,
           "an operation writes " + describe(w) +
               " while reading an overlapping but different view of the same "
               "memory: the result would depend on the order of element "
@@ -755,7 +756,7 @@ void Transaction::end_forward() {
     if (!used && !devices_seen_.empty()) {
       abort_forward();
       fail(
-          static_cast<int>(ErrorKind::kInvalidArgument),
+          ErrorKind::kInvalidArgument,
           "state declares " + name + " on " + device.str() +
               ", a device the segment never used; declare the generator the "
               "segment draws from (or remove it from state)",
@@ -768,7 +769,7 @@ void Transaction::end_forward() {
         const std::string name = declared_.at(key).name;
         abort_forward();
         fail(
-            static_cast<int>(ErrorKind::kStateMutation),
+            ErrorKind::kStateMutation,
             "engine='guard' keeps nothing, but the segment writes declared "
             "state '" +
                 name + "'; use engine='journal', 'readset' or 'snapshot'",
@@ -984,6 +985,12 @@ int64_t Transaction::declared_bytes() const {
 std::string Transaction::name_of(StorageKey key) const {
   auto it = declared_.find(key);
   return it == declared_.end() ? std::string() : it->second.name;
+}
+
+std::string Transaction::quoted_name(
+    StorageKey key, const char* unnamed) const {
+  std::string name = name_of(key);
+  return name.empty() ? std::string(unnamed) : "'" + name + "'";
 }
 
 uint64_t Transaction::touched_key(const at::Tensor& t) const {

@@ -66,6 +66,7 @@
 #include "core/preservation_engine.h"
 #include "core/region_journal.h"
 #include "core/region_store.h"
+#include "core/status.h"
 
 // Note [Verification levels]
 // What proves that the re-run starts from the forward's bytes B0 and ends at
@@ -283,6 +284,8 @@ class Transaction {
   }
   // Name of a declared storage ("" if not declared).
   std::string name_of(StorageKey key) const;
+  // name_of(key) in quotes, or `unnamed` when the storage has no name.
+  std::string quoted_name(StorageKey key, const char* unnamed) const;
   // Whether `key` is a declared storage, or one that existed before the
   // forward and that the forward has touched so far (begin_forward puts the
   // declared storages among those).
@@ -418,7 +421,7 @@ class Transaction {
   void rollback();
   void release();
   [[noreturn]] void fail(
-      int kind, const std::string& msg, StorageKey key) const;
+      ErrorKind kind, const std::string& msg, StorageKey key) const;
   void require_phase(bool ok, const char* action) const;
   // Runs f, keeping an exception it throws as the pending error (Note [C++
   // observer]: callbacks of the dispatcher must not throw).

@@ -39,7 +39,7 @@ void Transaction::check_unchanged() const {
               "undeclared tensor a segment reads)";
       }
       os << ", or do not modify it before backward.";
-      fail(static_cast<int>(ErrorKind::kStateMutation), os.str(), w.key);
+      fail(ErrorKind::kStateMutation, os.str(), w.key);
     }
   };
   for (const auto& w : saved_) {
@@ -58,7 +58,7 @@ void Transaction::check_unchanged() const {
   });
   if (bad != 0) {
     fail(
-        static_cast<int>(ErrorKind::kStateMutation),
+        ErrorKind::kStateMutation,
         "a sparse tensor the checkpointed segment read was modified after the "
         "forward (its values or indices changed, e.g. through t.values()), "
         "so the re-run would compute different values. Do not modify it "
@@ -96,7 +96,7 @@ void Transaction::check_accounted() const {
             "'snapshot' for this segment (they restore their copy however the "
             "bytes changed), or update it after backward.";
     }
-    fail(static_cast<int>(ErrorKind::kStateMutation), os.str(), a.key);
+    fail(ErrorKind::kStateMutation, os.str(), a.key);
   }
 }
 
@@ -173,7 +173,7 @@ void Transaction::begin_replay() {
     if (bad != 0) {
       const bool guard = engine_->kind() == EngineKind::kGuard;
       fail(
-          static_cast<int>(ErrorKind::kStateMutation),
+          ErrorKind::kStateMutation,
           "declared state '" + name_of(bad) + "' was modified after the " +
               "forward by a write that engine='" + engine() +
               "' cannot undo (" +
@@ -188,7 +188,7 @@ void Transaction::begin_replay() {
       bad = reads_engine_->restore_start(r);
       if (bad != 0) {
         fail(
-            static_cast<int>(ErrorKind::kStateMutation),
+            ErrorKind::kStateMutation,
             "a tensor the checkpointed segment read was modified after the "
             "forward by a write that bypassed the dispatcher (the memory of "
             ".numpy(), a raw pointer, a compiled kernel writing an input), "
@@ -239,7 +239,7 @@ void Transaction::replay_access(
       live_.save(key, ref_of(t.storage()), fp);
       remember_version(t);
       fail(
-          static_cast<int>(ErrorKind::kStateMutation),
+          ErrorKind::kStateMutation,
           "the re-run writes " + describe(t) +
               ", a tensor the forward did not write: the segment is not "
               "deterministic in the state it touches. Declare that state in "
@@ -264,7 +264,7 @@ void Transaction::replay_access(
   if (declared && engine_->kind() != EngineKind::kSnapshot &&
       (fpit == footprint_.end() || !fpit->second.contains(fp))) {
     fail(
-        static_cast<int>(ErrorKind::kStateMutation),
+        ErrorKind::kStateMutation,
         "the re-run touches bytes of declared state '" + name_of(key) +
             "' that the forward did not touch, so they are not preserved by "
             "engine='" +
@@ -314,12 +314,10 @@ void Transaction::verify_replay() {
   // Sizes first: the hashes below read the bytes the forward's end had.
   for (const auto& rec : reshaped_) {
     if (!rec.reproduced()) {
-      std::string name = name_of(rec.start_key());
       fail(
-          static_cast<int>(ErrorKind::kStateMutation),
+          ErrorKind::kStateMutation,
           "the re-run did not leave " +
-              (name.empty() ? std::string("a tensor the segment resized")
-                            : "'" + name + "'") +
+              quoted_name(rec.start_key(), "a tensor the segment resized") +
               " with the size, storage and bytes the forward left it "
               "with: the segment depends on state that changed and is not "
               "declared, or is not deterministic. Declare that state in "
@@ -329,12 +327,10 @@ void Transaction::verify_replay() {
   }
   StorageKey bad = end_hashes_.first_mismatch(resolver());
   if (bad != 0) {
-    std::string name = name_of(bad);
     fail(
-        static_cast<int>(ErrorKind::kStateMutation),
+        ErrorKind::kStateMutation,
         "the re-run did not reproduce the forward's end state of " +
-            (name.empty() ? std::string("a tensor it writes")
-                          : "'" + name + "'") +
+            quoted_name(bad, "a tensor it writes") +
             " (P(B0,R0) != (B_T,R_T) on storage bytes): the segment depends "
             "on state that changed and is not declared, or is not "
             "deterministic. Declare that state in state=.",
@@ -342,7 +338,7 @@ void Transaction::verify_replay() {
   }
   if (auto gen = generators_.end_mismatch()) {
     fail(
-        static_cast<int>(ErrorKind::kRngMismatch),
+        ErrorKind::kRngMismatch,
         "the re-run left " + *gen +
             " at a different position than the forward did: it drew a "
             "different number of random values, so every later draw would "

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/byte_kernels.h"
+#include "core/byte_testing.h"
 #include "core/status.h"
 
 namespace torch_replay {
@@ -38,10 +39,7 @@ RangeSet random_set(std::mt19937& rng, std::set<int64_t>* bits) {
 
 TEST(RangeSetTest, AddMergesOverlappingAndAdjacent) {
   // [0,4) [4,6) -> [0,6); [10,12) separate; [3,11) bridges everything.
-  RangeSet r;
-  r.add(0, 4);
-  r.add(4, 6);
-  r.add(10, 12);
+  RangeSet r = ranges({{0, 4}, {4, 6}, {10, 12}});
   ASSERT_EQ(r.ranges().size(), 2u);
   EXPECT_EQ(r.bytes(), 8);
   r.add(3, 11);

@@ -4,12 +4,26 @@
 // preservation engines): host storages to save from and restore into.
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <vector>
+
+#include "core/byte_ranges.h"
 
 #include "core/byte_device.h"
 #include "core/region_store.h"
 
 namespace torch_replay {
+
+// The byte ranges [begin, end) given, as one RangeSet.
+inline RangeSet ranges(
+    std::initializer_list<std::pair<int64_t, int64_t>> spans) {
+  RangeSet out;
+  for (const auto& [begin, end] : spans) {
+    out.add(begin, end);
+  }
+  return out;
+}
 
 // Storages of raw host bytes, keys 1..n (sizes as given); a key can be made
 // to resolve to nothing (a storage that is gone).

@@ -234,8 +234,7 @@ TEST(PreservationEngineTest, CopyingEnginesRestoreWritesTheJournalNeverSaw) {
       RegionJournal journal;
       auto e = make_engine(kind, journal, proof);
       e->declare(1, m.ref(1));
-      RangeSet read;
-      read.add(8, 40);
+      RangeSet read = ranges({{8, 40}});
       e->access(1, m.ref(1), read, Access::kRead);
       e->end_forward();
       for (auto& b : m.of(1)) {
@@ -260,18 +259,15 @@ TEST(PreservationEngineTest, ReadOnlyStateCostsNothingUntilWritten) {
   RegionJournal journal;
   auto e = make_engine(EngineKind::kAuto, journal);
   e->declare(1, m.ref(1));
-  RangeSet r;
-  r.add(0, 128);
+  RangeSet r = ranges({{0, 128}});
   e->access(1, m.ref(1), r, Access::kRead);
   e->end_forward();
   EXPECT_EQ(e->kind(), EngineKind::kJournal);
   EXPECT_EQ(e->retained_bytes(), 0);
-  RangeSet w;
-  w.add(8, 24);
+  RangeSet w = ranges({{8, 24}});
   journal.record_if_watched(1, m.ref(1), w);  // a later write: 16 bytes kept
   EXPECT_EQ(e->retained_bytes(), 16);
-  RangeSet other;
-  other.add(0, 8);
+  RangeSet other = ranges({{0, 8}});
   journal.record_if_watched(2, m.ref(2), other);  // not watched
   EXPECT_EQ(e->retained_bytes(), 16);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/byte_kernels.h"
+#include "core/byte_testing.h"
 
 namespace torch_replay {
 namespace {
@@ -127,8 +128,7 @@ TEST(RegionJournalTest, EarlierSegmentKeepsLaterSegmentsWrites) {
   const auto original = m.a;
   int64_t p0 = journal.pin();
   int64_t p1 = journal.pin();
-  RangeSet w;
-  w.add(8, 24);
+  RangeSet w = ranges({{8, 24}});
   journal.record(1, m.ref(1), w);
   std::memset(m.a.data() + 8, 0xFF, 16);
   journal.unpin(p1);  // segment 1 is done (its backward ran)
@@ -146,12 +146,10 @@ TEST(RegionJournalTest, RecordsEachByteOncePerPinInterval) {
   Memory m = counting_memory();
   const auto original = m.a;
   const int64_t p0 = journal.pin();
-  RangeSet w;
-  w.add(8, 24);
+  RangeSet w = ranges({{8, 24}});
   journal.record(1, m.ref(1), w);
   std::memset(m.a.data() + 8, 0x11, 16);
-  RangeSet wider;
-  wider.add(0, 32);
+  RangeSet wider = ranges({{0, 32}});
   journal.record(1, m.ref(1), wider);  // only [0, 8) and [24, 32) are new
   std::memset(m.a.data(), 0x22, 32);
   EXPECT_EQ(journal.bytes(), 32);
@@ -176,8 +174,7 @@ TEST(RegionJournalTest, KeptPinRecordsEachByteOnceAcrossLaterPins) {
   Memory m = counting_memory();
   const auto original = m.a;
   const int64_t kept = journal.pin();
-  RangeSet w;
-  w.add(0, 64);
+  RangeSet w = ranges({{0, 64}});
   for (int step = 0; step < 5; ++step) {
     const int64_t p = journal.pin();
     journal.unpin(p);                // the step's segment: its backward ran
@@ -236,8 +233,7 @@ TEST(RegionJournalTest, UndoToLivePinsUnderRandomUnpinOrder) {
 TEST(RegionJournalTest, RecordsNothingWithoutPins) {
   RegionJournal journal;
   Memory m;
-  RangeSet w;
-  w.add(0, 8);
+  RangeSet w = ranges({{0, 8}});
   EXPECT_EQ(journal.record(1, m.ref(1), w), -1);
   EXPECT_EQ(journal.entries(), 0);
 }
@@ -270,8 +266,7 @@ TEST(RegionJournalTest, TypedAliasWriteIsUndoneOnStorageBytes) {
 TEST(RegionJournalTest, CountsShownWritesWhileWatchedOrMarked) {
   Memory m;
   RegionJournal j;
-  RangeSet r;
-  r.add(0, 8);
+  RangeSet r = ranges({{0, 8}});
   j.record_if_watched(1, m.ref(1), r);  // neither: not counted
   EXPECT_EQ(j.writes_shown(1), 0);
   j.watch(1);
@@ -297,12 +292,10 @@ TEST(RegionStoreTest, FirstSaveWinsOnOverlap) {
   Memory m;
   std::fill(m.a.begin(), m.a.end(), 1);
   RegionStore store;
-  RangeSet r1;
-  r1.add(0, 10);
+  RangeSet r1 = ranges({{0, 10}});
   store.save(1, m.ref(1), r1);
   std::fill(m.a.begin(), m.a.end(), 2);
-  RangeSet r2;
-  r2.add(5, 20);
+  RangeSet r2 = ranges({{5, 20}});
   RangeSet fresh = store.save(1, m.ref(1), r2);
   EXPECT_EQ(fresh.bytes(), 10);  // only [10, 20) was new
   std::fill(m.a.begin(), m.a.end(), 3);
@@ -318,9 +311,7 @@ TEST(RegionStoreTest, FirstSaveWinsOnOverlap) {
 TEST(FootprintHashesTest, DetectsChangeInsideFootprintOnly) {
   Memory m;
   FootprintHashes hashes;
-  RangeSet r;
-  r.add(3, 9);
-  r.add(40, 41);
+  RangeSet r = ranges({{3, 9}, {40, 41}});
   hashes.add(1, m.ref(1), r);
   EXPECT_EQ(hashes.first_mismatch(m.resolver()), 0u);
   m.a[100] = 9;

@@ -161,8 +161,7 @@ TEST(RegionStoreTest, RestoreSkipsUnknownKeysAndGoneStorages) {
   Memory m;
   m.of(1).assign(40, 7);
   RegionStore store;
-  RangeSet r;
-  r.add(4, 12);
+  RangeSet r = ranges({{4, 12}});
   store.save(1, m.ref(1), r);
   m.of(1).assign(40, 9);
   m.gone[0] = 1;
@@ -181,8 +180,7 @@ TEST(RegionStoreTest, RangesOutsideTheStorageAreRefusedAndLeaveNoEntry) {
   RegionStore store;
   FootprintHashes hashes;
   for (auto [b, e] : {std::pair<int64_t, int64_t>{30, 41}, {-1, 3}}) {
-    RangeSet r;
-    r.add(b, e);
+    RangeSet r = ranges({{b, e}});
     EXPECT_THROW(store.save(1, m.ref(1), r), ReplayException);
     EXPECT_THROW(hashes.add(1, m.ref(1), r), ReplayException);
   }
@@ -194,8 +192,7 @@ TEST(RegionStoreTest, RangesOutsideTheStorageAreRefusedAndLeaveNoEntry) {
 TEST(RegionStoreTest, MovesCarryTheBytesAndTheProcessCount) {
   const int64_t start = RegionStore::process_bytes();
   Memory m;
-  RangeSet r;
-  r.add(0, 10);
+  RangeSet r = ranges({{0, 10}});
   {
     RegionStore a;
     a.save(1, m.ref(1), r);

@@ -19,6 +19,16 @@ py::object dtype_object(at::ScalarType s) {
       reinterpret_cast<PyObject*>(torch::getTHPDtype(s)));
 }
 
+// One Python tuple per item, made by `row`, as a list.
+template <typename T, typename Row>
+py::list rows(const std::vector<T>& items, Row&& row) {
+  py::list out;
+  for (const T& item : items) {
+    out.append(row(item));
+  }
+  return out;
+}
+
 // Columns of AuditRecorder.accesses(): one row per access.
 constexpr int64_t kAccessColumns = 8;
 
@@ -67,13 +77,10 @@ TORCH_REPLAY_BINDINGS(audit) {
       .def(
           "ops",
           [](const AuditRecorder& r) {
-            py::list out;
-            for (const AuditOp& op : r.ops()) {
-              out.append(
-                  py::make_tuple(
-                      op.name, op.random, op.generator, op.device, op.overlap));
-            }
-            return out;
+            return rows(r.ops(), [](const AuditOp& op) {
+              return py::make_tuple(
+                  op.name, op.random, op.generator, op.device, op.overlap);
+            });
           },
           "[(name index, random, generator address or 0, device, overlap "
           "access or -1)] per operator")
@@ -81,13 +88,10 @@ TORCH_REPLAY_BINDINGS(audit) {
       .def(
           "storages",
           [](const AuditRecorder& r) {
-            py::list out;
-            for (const AuditStorage& s : r.storages()) {
-              out.append(
-                  py::make_tuple(
-                      s.created, dtype_object(s.dtype), py::cast(s.shape)));
-            }
-            return out;
+            return rows(r.storages(), [](const AuditStorage& s) {
+              return py::make_tuple(
+                  s.created, dtype_object(s.dtype), py::cast(s.shape));
+            });
           },
           "[(creating op or -1, dtype, shape)] per storage id")
       .def_static(

@@ -153,7 +153,8 @@ TORCH_REPLAY_BINDINGS(replay) {
       "mark_transient_storage",
       &torch_replay::aten::detail::mark_transient_storage,
       py::arg("tensor"),
-      "Never preserve this tensor's storage by its bytes (Note [Transient storages])");
+      "Never preserve this tensor's storage by its bytes (Note [Transient "
+      "storages])");
   m.def("storage_key", [](const at::Tensor& t) {
     return static_cast<uint64_t>(storage_key(t));
   });
