@@ -27,8 +27,7 @@ import torch.utils.checkpoint as tcp
 import torch_replay as tr
 from benchmarks.bench_replay_speed import measure_rounds
 from benchmarks.lib.cli import add_out_quick, emit, make_parser, markdown_table, run_module
-from benchmarks.lib.models import PreNormBlock
-from benchmarks.lib.replay_steps import llama_model, under_settings
+from benchmarks.lib.replay_steps import gpt_step_maker, llama_variant_maker, under_settings
 
 # (model, size label): the model's dimensions.
 SIZES = {
@@ -41,19 +40,7 @@ ROWS = ("A/A", "reads", "declared", "preserve")
 
 
 def gpt_variants(width: int, seq: int, batch: int) -> dict:
-    torch.manual_seed(0)
-    blocks = torch.nn.ModuleList(PreNormBlock(width, 4, dropout=0.1) for _ in range(6))
-    x = torch.randn(batch, seq, width)
-
-    def step(ckpt):
-        def run():
-            blocks.zero_grad(set_to_none=True)
-            h = x
-            for blk in blocks:
-                h = ckpt(blk, h)
-            h.pow(2).mean().backward()
-
-        return run
+    step = gpt_step_maker(width, seq, batch)
 
     def torch_ckpt(blk, h):
         return tcp.checkpoint(blk, h, use_reentrant=False)
@@ -74,20 +61,7 @@ def gpt_variants(width: int, seq: int, batch: int) -> dict:
 
 
 def llama_variants(hidden: int, seq: int) -> dict:
-    from benchmarks.lib.hf_stacks import hf_turn_on
-
-    model, found, step = llama_model(seq, hidden)
-
-    def variant(mode: str, **options):
-        hf_turn_on(model, mode, **options)
-        functions = [layer._gradient_checkpointing_func for layer in found]
-
-        def run():
-            for layer, f in zip(found, functions, strict=True):
-                layer._gradient_checkpointing_func = f
-            step()
-
-        return run
+    variant = llama_variant_maker(seq, hidden)
 
     return {
         "torch": variant("torch"),

@@ -19,8 +19,8 @@ import torch_replay as tr
 from .hf_tiny import tiny_causal_lm
 from .reference import REENTRANT, assert_bitwise, grads, storage_bytes
 
-# The errors named here are the refusals of detect="reads", the default (under
-# "preserve" the same undeclared changes are preserved: tests/test_observer_reads.py);
+# The errors named here are the refusals of detect="reads" (under "preserve", the
+# default, the same undeclared changes are preserved: tests/test_observer_reads.py);
 # the marker keeps them at that level whatever TORCH_REPLAY_DETECT says.
 pytestmark = pytest.mark.detect("reads")
 

@@ -1,10 +1,11 @@
 """The default level of ``tr.config.detect`` and what it tells the user.
 
-``"reads"`` is the default (docs/checkpoint_details.md, "Which level is the default"):
-undeclared state a segment read and that is changed in place before backward is refused
-with ``StateMutationError`` naming the tensor, and the message gives the two spellings
-that preserve it instead (``state=``, ``tr.config.detect = "preserve"``). Each spelling
-is followed here and must give eager PyTorch's gradient. The demo (the README's main
+``"preserve"`` is the default (docs/checkpoint_details.md, "Which level is the default"):
+undeclared state a segment read and that is changed in place before backward is preserved
+and the gradient is eager PyTorch's. At ``"reads"`` the same change is refused with
+``StateMutationError`` naming the tensor, and the message gives the two spellings that
+preserve it instead (``state=``, ``tr.config.detect = "preserve"``). Each spelling is
+followed here and must give eager PyTorch's gradient. The demo (the README's main
 job) must give its expected outcome whatever ``TORCH_REPLAY_DETECT`` says.
 """
 
@@ -40,9 +41,9 @@ def _level_in_fresh_process(**env) -> str:
     return run.stdout.strip()
 
 
-def test_default_level_is_reads_and_the_environment_sets_it():
-    assert _level_in_fresh_process() == "reads"
-    assert _level_in_fresh_process(TORCH_REPLAY_DETECT="preserve") == "preserve"
+def test_default_level_is_preserve_and_the_environment_sets_it():
+    assert _level_in_fresh_process() == "preserve"
+    assert _level_in_fresh_process(TORCH_REPLAY_DETECT="reads") == "reads"
 
 
 class Shifted(nn.Module):
@@ -103,6 +104,6 @@ def test_demo_gives_its_outcome_at_any_level(level, monkeypatch, capsys):
     diffs = {ln.split("max |")[0].strip(): ln.rsplit("=", 1)[1].strip() for ln in lines[1:4]}
     assert float(diffs["torch.utils.checkpoint"]) > 0.0, out
     assert diffs["torch_replay.checkpoint, state=[block]"] == "0.000e+00", out
-    assert diffs['torch_replay.checkpoint, detect="preserve"'] == "0.000e+00", out
-    assert 'detect="reads" (the default): torch_replay refuses' in lines[4], out
+    assert diffs["torch_replay.checkpoint, nothing declared"] == "0.000e+00", out
+    assert 'detect="reads": torch_replay refuses' in lines[4], out
     assert "[tensor: shift (buffer of Block)]" in lines[4], out

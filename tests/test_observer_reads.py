@@ -4,7 +4,7 @@
 their argument or a fresh copy. A segment that reads a buffer through one of them, the
 buffer changed before backward, must give eager's gradient (declared, with an engine
 that preserves; undeclared under detect="preserve") or a named refusal (undeclared under
-detect="reads", the default; the guard), never another gradient,
+detect="reads"; the guard), never another gradient,
 with both observers and both checkpoint variants. The reference is eager PyTorch: the
 gradient of the forward that ran."""
 
@@ -62,7 +62,7 @@ def _run(conv, reentrant, **options):
 @pytest.mark.parametrize("name", sorted(CONVERSIONS))
 @pytest.mark.parametrize("detect", ["reads", "preserve"])
 def test_undeclared_read_through_a_conversion(observer, name, reentrant, detect, monkeypatch):
-    """detect="reads" (the default): a named refusal; "preserve": eager's gradient."""
+    """detect="reads": a named refusal; "preserve" (the default): eager's gradient."""
     monkeypatch.setattr(tr.config, "detect", detect)
     ref, got = _run(CONVERSIONS[name], reentrant)
     if detect == "reads":

@@ -52,7 +52,7 @@ def test_cohort_pattern_at_ci_size(detect, monkeypatch):
     assert s["hidden buffer"]["torch-reentrant"]["wrong"] == 4
     assert s["hidden buffer"]["tr-journal"]["matched"] == 4
     # Undeclared hidden state: preserved (eager's answer) under "preserve"; refused,
-    # never answered wrong, under "reads", the default.
+    # never answered wrong, under "reads" as under "preserve", the default.
     outcome = "matched" if detect == "preserve" else "rejected"
     assert s["hidden buffer"]["tr-auto-nostate"][outcome] == 4
     assert all(v["rejected"] == 2 for v in s["overlapping copy"].values())

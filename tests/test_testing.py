@@ -149,14 +149,14 @@ def test_pytest_plugin_entry_point_and_fixture(tmp_path):
             import torch, torch_replay as tr
 
             def test_mine(torch_replay_testing):
-                tr.config.detect = "preserve"
+                tr.config.detect = "reads"
                 torch.manual_seed(0)
                 model = torch.nn.Sequential(tr.checkpoint_wrapper(torch.nn.BatchNorm1d(4)))
                 torch_replay_testing.assert_trains_like_eager(
                     model, torch.randn(3, 4), lambda m, x: m(x).sum())
 
             def test_config_restored():
-                assert tr.config.detect == "reads"  # the default, put back
+                assert tr.config.detect == "preserve"  # the default, put back
             """
         )
     )

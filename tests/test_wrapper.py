@@ -166,7 +166,7 @@ def test_buffer_changed_before_backward_declared_module_is_eager():
 
 @pytest.mark.parametrize("detect", ["reads", "preserve"])
 def test_replay_state_none_declares_nothing(detect, monkeypatch):
-    """Undeclared and changed: refused under detect="reads", the default, preserved
+    """Undeclared and changed: refused under detect="reads", preserved
     (eager's gradient) under "preserve"."""
     monkeypatch.setattr(tr.config, "detect", detect)
     x = torch.randn(4, 16)

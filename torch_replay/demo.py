@@ -1,8 +1,8 @@
 """The main job: torch.utils.checkpoint returns a wrong gradient on a model whose buffer
 changes between forward and backward; torch_replay.checkpoint returns the right one,
-with the block declared (``state=[block]``) and with nothing declared under
-``tr.config.detect = "preserve"``; with nothing declared at the default level
-(``"reads"``) it refuses, naming the buffer, instead of returning a wrong gradient.
+with the block declared (``state=[block]``) and with nothing declared (the default
+level, ``tr.config.detect = "preserve"``); at the refusing level (``"reads"``) it refuses,
+naming the buffer, instead of returning a wrong gradient.
 
     python -m torch_replay.demo
 
@@ -68,9 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m torch_replay.demo",
         description=__doc__.split("\n\n    python")[0]
         + "\n\nRuns one training step four ways (eager PyTorch, torch.utils.checkpoint, "
-        "torch_replay.checkpoint with state=[block] and with nothing declared under "
-        'detect="preserve"), prints each gradient\'s largest difference to eager, then '
-        'shows the error torch_replay gives when nothing is declared at the default level, "reads". '
+        "torch_replay.checkpoint with state=[block] and with nothing declared at the "
+        'default level, "preserve"), prints each gradient\'s largest difference to eager, then '
+        'shows the error torch_replay gives when nothing is declared at the level "reads". '
         "Takes a few seconds; writes nothing. Exit status 0 when the outcome is as expected.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     ).parse_args(argv)
@@ -81,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
     labels = {
         "torch.utils.checkpoint": "torch.utils.checkpoint",
         "state=[block]": "torch_replay.checkpoint, state=[block]",
-        "preserve": 'torch_replay.checkpoint, detect="preserve"',
+        "preserve": "torch_replay.checkpoint, nothing declared",
     }
     for method in methods:
         got = step(method)
         worst[method] = max((a - b).abs().max().item() for a, b in zip(got, ref, strict=True))
         print(f"  {labels[method]:42s} max |grad - reference| = {worst[method]:.3e}")
     try:
-        with tr.config.patch(detect="reads"):  # the default: refuse instead of preserving
+        with tr.config.patch(detect="reads"):  # refuse instead of preserving
             torch.manual_seed(0)
             block = Block()
             x = torch.randn(32, 64, requires_grad=True)
@@ -96,10 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 block.shift.add_(1.0)
             y.sum().backward()
-        print('nothing declared, detect="reads" (the default): no error (unexpected)')
+        print('nothing declared, detect="reads": no error (unexpected)')
         return 1
     except tr.StateMutationError as e:
-        print(f'nothing declared, detect="reads" (the default): torch_replay refuses: {e}')
+        print(f'nothing declared, detect="reads": torch_replay refuses: {e}')
     ok = worst["torch.utils.checkpoint"] > 0.0 and all(worst[m] == 0.0 for m in methods[1:])
     print("OK" if ok else "UNEXPECTED")
     return 0 if ok else 1

@@ -165,14 +165,14 @@ def gpt_steps(width: int = 256, seq: int = 128, batch: int = 4) -> dict:
     }
 
 
-def llama_model(seq: int):
+def llama_model(seq: int, hidden: int = 256):
     """The Llama model of the Llama rows (training mode), its layers, and one step's
     body on a fixed batch."""
     from benchmarks.lib.hf_stacks import VOCAB, build_hf
     from torch_replay.integrations.transformers import layers
 
     ids = torch.randint(0, VOCAB, (2, seq), generator=torch.Generator().manual_seed(0))
-    model = build_hf("llama", layers=4, hidden=256)
+    model = build_hf("llama", layers=4, hidden=hidden)
     model.train()
 
     def run():
@@ -203,14 +203,14 @@ def floor_checkpoint(checkpoint_function, switch: str = "_floor_observer"):
     return functools.partial(lambda f, fn, *a: f(floor_fn(fn, switch), *a), checkpoint_function)
 
 
-def llama_steps(seq: int) -> dict:
-    """The Llama rows, every variant on one model (as the GPT rows), so that they
-    differ only in the function each layer checkpoints with: each variant turns
-    checkpointing on its way once (``hf_turn_on``), keeps the functions that put on
-    the layers, and puts them back before each of its steps."""
+def llama_variant_maker(seq: int, hidden: int = 256):
+    """The Llama model of the Llama rows as ``variant(mode, floor=None, **options)``: each
+    variant turns checkpointing on its way once (``hf_turn_on``), keeps the functions that
+    put on the layers, and puts them back before each of its steps, so that variants on
+    one model differ only in the function each layer checkpoints with."""
     from benchmarks.lib.hf_stacks import hf_turn_on
 
-    model, found, step = llama_model(seq)
+    model, found, step = llama_model(seq, hidden)
 
     def variant(mode: str, floor: str | None = None, **options):
         hf_turn_on(model, mode, **options)
@@ -225,6 +225,12 @@ def llama_steps(seq: int) -> dict:
 
         return run
 
+    return variant
+
+
+def llama_steps(seq: int) -> dict:
+    """The Llama rows, every variant on one model (as the GPT rows)."""
+    variant = llama_variant_maker(seq)
     return {
         **torch_rows(variant("torch"), lambda s: variant("torch", floor=s)),
         **{f"enable(model), {e}": variant("tr", replay_engine=e) for e in ENGINES},

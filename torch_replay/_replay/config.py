@@ -29,29 +29,28 @@ HEAP_SETTINGS: tuple[str, ...] = get_args(Heap)
 class ReplayConfig:
     """Process-wide settings of ``torch_replay.checkpoint``."""
 
-    detect: Detect = os.environ.get("TORCH_REPLAY_DETECT", "reads")  # type: ignore[assignment]
+    detect: Detect = os.environ.get("TORCH_REPLAY_DETECT", "preserve")  # type: ignore[assignment]
     """What happens to undeclared state: a tensor that existed before the segment and
     that it read (parameter, buffer, input, captured tensor), changed in place before
-    backward. ``"reads"`` (default): the re-run is refused (``StateMutationError``
+    backward. ``"preserve"`` (default): preserved, so the re-run sees the forward's
+    values without ``state=`` (eager's gradient): the segment's reads are journaled
+    copy-on-write, a later in-place write to them (outside segments too) first keeps the
+    old bytes of what it overwrites (as ``engine="journal"`` for declared state), and
+    nothing is copied if nothing is written. While such a segment waits for its
+    backward, every operator of the process pays the write watch. A graph kept alive
+    (past its backward with ``retain_graph=True``, or never backwarded) keeps at most
+    one copy of what its segments read and later steps overwrite, until it is dropped
+    (Note [Region journal] in csrc/core/region_journal.h). Writes that bypass the
+    dispatcher (the memory of ``.numpy()``, raw pointers) are detected, by hashes, with
+    ``verify="bytes"``. ``"reads"``: the re-run is refused instead (``StateMutationError``
     naming the tensor, never a wrong gradient), checked by version counters: one weak
-    reference and one integer per tensor read, no write watch. ``"preserve"``:
-    preserved instead, so the re-run sees the forward's values without ``state=``:
-    the segment's reads are journaled copy-on-write, a later in-place write to them
-    (outside segments too) first keeps the old bytes of what it overwrites (as
-    ``engine="journal"`` for declared state), and nothing is copied if nothing is
-    written. While such a segment waits for its backward, every operator of the
-    process pays the write watch. A graph kept alive (past its backward with
-    ``retain_graph=True``, or never backwarded) keeps at most one copy of what its
-    segments read and later steps overwrite, until it is dropped (Note [Region
-    journal] in csrc/core/region_journal.h). Writes that bypass the dispatcher (the
-    memory of ``.numpy()``, raw pointers) are detected, by hashes, with
-    ``verify="bytes"``. ``"saved"``: check only the tensors the forward saved for
-    backward (what eager autograd checks); with ``use_reentrant=True``, whose forward
-    saves nothing, it means ``"reads"``. Inside ``torch.compile`` every level leaves
-    undeclared tensors to autograd's version check, as torch does (Note [Checkpoint
-    under torch.compile] in compiled.py). Why ``"reads"`` is the default, with the
-    figures: docs/checkpoint_details.md, "Which level is the default";
-    benchmarks/results/replay_speed.md gives the cost of each level."""
+    reference and one integer per tensor read, no write watch. ``"saved"``: check only
+    the tensors the forward saved for backward (what eager autograd checks); with
+    ``use_reentrant=True``, whose forward saves nothing, it means ``"reads"``. Inside
+    ``torch.compile`` every level leaves undeclared tensors to autograd's version check,
+    as torch does (Note [Checkpoint under torch.compile] in compiled.py). Why
+    ``"preserve"`` is the default, with the figures: docs/checkpoint_details.md, "Which
+    level is the default" (benchmarks/results/default_level.md)."""
 
     verify: Verify = os.environ.get("TORCH_REPLAY_VERIFY", "dispatcher")  # type: ignore[assignment]
     """What proves that a re-run starts from the forward's bytes and reproduces its

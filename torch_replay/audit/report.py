@@ -48,7 +48,7 @@ class SegmentAudit:
     """Why not, one line each."""
     state: list[str] = field(default_factory=list)
     """What to pass as ``state=`` to ``torch_replay.checkpoint``: needed under
-    ``tr.config.detect = "reads"`` (the default); under ``"preserve"`` the reads listed
+    ``tr.config.detect = "reads"``; under ``"preserve"`` (the default) the reads listed
     in ``mutated_after_read`` and ``written_elsewhere_after_read`` are preserved without
     it (declaring them still lets an engine be chosen with ``engine=``)."""
     auto_engine: str | None = None
