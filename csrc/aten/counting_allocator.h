@@ -1,10 +1,10 @@
 #pragma once
 
 // Note [Counting CPU allocator]
-// The Inductor pass (inductor_pass/stages/guard.py) must measure the exact live and
-// peak bytes of one run of a generated wrapper on CPU, to the byte, and check
-// them against its modelled peak (design.md §3.1, Theorem 1). Inductor's CPU
-// wrapper allocates through empty_strided_cpu and torch.empty_strided, and
+// The Inductor pass (inductor_pass/stages/guard.py) must measure the exact live
+// and peak bytes of one run of a generated wrapper on CPU, to the byte, and
+// check them against its modelled peak (design.md §3.1, Theorem 1). Inductor's
+// CPU wrapper allocates through empty_strided_cpu and torch.empty_strided, and
 // kernels such as extern_kernels.convolution allocate their results and
 // workspaces internally: all of them go through c10::GetCPUAllocator(). A
 // counting window installs a wrapper around that allocator with

@@ -1,9 +1,9 @@
 #pragma once
 
 // The exact planner of a layer plan with the layers' order and gradients in
-// its peak (torch_replay/_planning/layer_order.py is its Python API). Same option model
-// as the joint planner (pareto_planner.h: PlannerOption, PlannerResult), a
-// different peak.
+// its peak (torch_replay/_planning/layer_order.py is its Python API). Same
+// option model as the joint planner (pareto_planner.h: PlannerOption,
+// PlannerResult), a different peak.
 //
 // Note [Ordered layer peak]
 // A training step's backward visits the layers last to first. While layer i
