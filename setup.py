@@ -9,6 +9,8 @@ Build knobs (environment variables, documented in README.md "Build knobs"):
                             (scripts/setup.sh then builds it in place, incrementally).
   BOOST_ROOT=DIR            a Boost outside the compiler's search path (DIR/include).
   MAX_JOBS=N                parallel compile jobs (torch's own knob).
+  CUDA_HOME                 the CUDA toolkit (torch's knob); unset, torch's guess when it
+                            holds the CUDA headers, else the toolkit nvcc reports.
   TORCH_CUDA_ARCH_LIST      CUDA architectures (torch's knob); without a GPU to ask,
                             build.env's CUDA_ARCH_LIST.
 

@@ -18,14 +18,18 @@
 #              (for .venv's torch) is never touched.
 #     junit.xml, tests.log, build.log, compile_smoke.log, row.md: this run's records.
 #
-# Steps: build (`pip install --no-build-isolation --no-deps -e .` in src/, CUDA found and
-# architectures chosen by setup.py itself), import (`import torch_replay, inductor_pass` in
+# Steps: build (in src/: `pip install --no-build-isolation --no-deps -e .` to register the
+# package, `setup.py build_ext --inplace` for the extension, as scripts/setup.sh; CUDA found
+# and architectures chosen by setup.py itself), import (`import torch_replay, inductor_pass` in
 # a fresh process, the extension loaded), tests (pytest -n 2 as scripts/run_tests.sh, with
 # -p no:cacheprovider, never stopping at the first failure), compile smoke
 # (`torch.compile(m, backend="torch_replay")` in a fresh process, forward and backward
 # checked against eager), and with --gpu-check `scripts/gpu_check.sh --dry-run`.
 # The last line printed is one row of benchmarks/results/torch_versions.md (also in
 # row.md). Exit status: 0 when every step passed, 1 otherwise.
+# The whole script is one block, read before it runs: editing this file while a lane runs
+# (they take a while) cannot change the running one.
+{
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -101,11 +105,23 @@ git ls-files -co --exclude-standard | sort >"$LANE/files.new"
 tr '\n' '\0' <"$LANE/files.new" | xargs -0 -r ls -d 2>/dev/null | tar -cf - -T - | (cd "$SRC" && tar -xf -)
 mv "$LANE/files.new" "$LANE/files"
 
-# 3. Build, as the README installs: pip, without build isolation, against the lane's torch.
-#    No CUDA_HOME or TORCH_CUDA_ARCH_LIST is set here: setup.py finds what a CUDA torch needs.
-log "building (pip install --no-build-isolation --no-deps -e .)"
+# 3. Build without build isolation, against the lane's torch, as scripts/setup.sh does: the
+#    package registered with `pip install --no-build-isolation -e .` (redone when its
+#    description changes), the extension built in place by `setup.py build_ext` (ninja keeps
+#    src/build/ between runs: only what changed is rebuilt; a pip build would start afresh
+#    in a temporary folder each time). No CUDA_HOME or TORCH_CUDA_ARCH_LIST is set here:
+#    setup.py finds what a CUDA torch needs.
 t=$SECONDS
-if (cd "$SRC" && "$PY" -m pip install --no-build-isolation --no-deps -e . -v) >"$LANE/build.log" 2>&1; then
+: >"$LANE/build.log"
+reg="$LANE/.registered"
+if [ ! -f "$reg" ] || [ "$SRC/pyproject.toml" -nt "$reg" ] || [ "$SRC/setup.py" -nt "$reg" ] \
+   || ! "$PY" -m pip show -q torch_replay >/dev/null 2>&1; then
+  log "registering (pip install --no-build-isolation --no-deps -e .)"
+  (cd "$SRC" && TORCH_REPLAY_SKIP_EXT=1 "$PY" -m pip install --no-build-isolation --no-deps -e .) \
+    >>"$LANE/build.log" 2>&1 && touch "$reg"
+fi
+log "building (setup.py build_ext --inplace)"
+if [ -f "$reg" ] && (cd "$SRC" && "$PY" setup.py build_ext --inplace) >>"$LANE/build.log" 2>&1; then
   BUILD="pass ($((SECONDS - t)) s, $(cd "$SRC" && "$PY" -c 'import json; b = json.load(open("torch_replay/_build_info.json")); print("CUDA kernels" if b["with_cuda"] else "CPU only")' 2>/dev/null || echo '?'))"
 else
   BUILD="fail (see $LANE/build.log)"
@@ -190,3 +206,4 @@ if [ "$GPU_CHECK" = 1 ]; then
   log "gpu_check --dry-run: $GPU"
 fi
 finish
+}
