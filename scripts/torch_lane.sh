@@ -34,6 +34,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
 
+ARGS="$*"
 VERSION=""
 GPU_CHECK=0
 TESTS=1
@@ -62,7 +63,7 @@ export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 T0=$SECONDS
 log() { echo "[torch_lane $VERSION] $* [$((SECONDS - T0)) s]"; }
 COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
-CMD="bash scripts/torch_lane.sh $VERSION${PYTEST_ARGS[*]:+ -- ${PYTEST_ARGS[*]}}"
+CMD="bash scripts/torch_lane.sh $ARGS"
 
 BUILD=fail IMPORT="not run" TESTS_CELL="not run" SMOKE="not run" GPU="not run" TORCH="$VERSION"
 row() {
