@@ -9,6 +9,8 @@ Build knobs (environment variables, documented in README.md "Build knobs"):
                             (scripts/setup.sh then builds it in place, incrementally).
   BOOST_ROOT=DIR            a Boost outside the compiler's search path (DIR/include).
   MAX_JOBS=N                parallel compile jobs (torch's own knob).
+  CUDA_HOME                 the CUDA toolkit (torch's knob); unset, torch's guess when it
+                            holds the CUDA headers, else the toolkit nvcc reports.
   TORCH_CUDA_ARCH_LIST      CUDA architectures (torch's knob); without a GPU to ask,
                             build.env's CUDA_ARCH_LIST.
 
@@ -210,14 +212,60 @@ def _cxx_standard(torch) -> str:
     return f"-std=c++{BUILD[key]}"
 
 
+def _is_toolkit(folder: str | None) -> bool:
+    return bool(folder) and os.path.isfile(os.path.join(folder, "include", "cuda_runtime_api.h"))
+
+
+def _nvcc_top(environ: dict[str, str]) -> str | None:
+    """The toolkit folder nvcc itself uses (its ``TOP``), which a wrapper script or a
+    symbolic link on ``PATH`` hides from a guess by path."""
+    nvcc = shutil.which("nvcc", path=environ.get("PATH"))
+    if nvcc is None:
+        return None
+    try:
+        run = subprocess.run(
+            [nvcc, "-v", "--dryrun", "-c", "torch_replay_probe.cu"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"^#\$ TOP=(.+)$", run.stdout + run.stderr, re.MULTILINE)
+    return os.path.realpath(found.group(1).strip()) if found else None
+
+
+def _cuda_home(guess: str | None, environ: dict[str, str]) -> str | None:
+    """The CUDA toolkit to build with: ``CUDA_HOME`` / ``CUDA_PATH`` when set (the user's
+    choice), else torch's guess when it is a toolkit (has ``include/cuda_runtime_api.h``),
+    else the folder nvcc reports, else ``/usr/local/cuda``; ``guess`` when none is."""
+    if environ.get("CUDA_HOME") or environ.get("CUDA_PATH") or _is_toolkit(guess):
+        return guess
+    for folder in (_nvcc_top(environ), "/usr/local/cuda"):
+        if _is_toolkit(folder):
+            return folder
+    return guess
+
+
 def _cuda_setup(torch) -> str | None:
     """The CUDA toolkit to build the kernels with, or ``None`` for a CPU build. A CUDA
     torch on a machine without a GPU gets build.env's architectures (torch cannot ask the
     device) and the headers of the pip CUDA wheels that torch's own headers include."""
     if torch.version.cuda is None or os.environ.get("TORCH_REPLAY_NO_CUDA", "0") == "1":
         return None
-    from torch.utils.cpp_extension import CUDA_HOME
+    from torch.utils import cpp_extension
 
+    CUDA_HOME = _cuda_home(cpp_extension.CUDA_HOME, os.environ)
+    if CUDA_HOME is not None and CUDA_HOME != cpp_extension.CUDA_HOME:
+        # torch's guess (nvcc's folder's parent) is not a toolkit: a wrapper script such
+        # as /usr/local/bin/nvcc gives /usr/local, without the CUDA headers or libraries.
+        print(
+            f"torch_replay: CUDA toolkit {CUDA_HOME} (torch guessed {cpp_extension.CUDA_HOME}, "
+            "which has no include/cuda_runtime_api.h; set CUDA_HOME to choose)",
+            file=sys.stderr,
+        )
+        cpp_extension.CUDA_HOME = CUDA_HOME  # read at each use by CUDAExtension and nvcc
+        os.environ["CUDA_HOME"] = CUDA_HOME
     if CUDA_HOME is None:
         print(
             f"torch_replay: torch {torch.__version__} is a CUDA build but no CUDA toolkit "

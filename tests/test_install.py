@@ -220,6 +220,28 @@ def test_build_with_an_old_boost_or_no_compiler(tmp_path):
     assert proc.returncode != 0 and "a C++ compiler" in proc.stderr and "g++" in proc.stderr
 
 
+def test_cuda_toolkit_is_the_one_nvcc_uses_not_a_guess_by_path(tmp_path):
+    # torch guesses CUDA_HOME as nvcc's folder's parent: for a wrapper script such as
+    # /usr/local/bin/nvcc that is /usr/local, with no CUDA headers (a CUDA torch without a
+    # GPU then did not build unless CUDA_HOME was set by hand).
+    import runpy
+
+    setup = runpy.run_path(os.path.join(ROOT, "setup.py"), run_name="torch_replay_setup")
+    toolkit = tmp_path / "cuda-13.0"
+    (toolkit / "include").mkdir(parents=True)
+    (toolkit / "include" / "cuda_runtime_api.h").write_text("")
+    wrapper = tmp_path / "local" / "bin" / "nvcc"
+    wrapper.parent.mkdir(parents=True)
+    wrapper.write_text(f"#!/bin/sh\necho '#$ TOP={toolkit}/bin/..'\n")
+    wrapper.chmod(0o755)
+    guess = str(tmp_path / "local")
+    environ = {"PATH": str(wrapper.parent)}
+    assert setup["_cuda_home"](guess, environ) == str(toolkit)
+    assert setup["_cuda_home"](str(toolkit), environ) == str(toolkit)  # a toolkit: kept
+    # CUDA_HOME set by the user is theirs (torch read it into its guess).
+    assert setup["_cuda_home"](guess, {**environ, "CUDA_HOME": guess}) == guess
+
+
 # ------------------------------------------------------------------ the extension, loaded
 
 

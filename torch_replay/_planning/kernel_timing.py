@@ -73,6 +73,25 @@ class KernelTiming:
         return {**asdict(self), "top": [list(t) for t in self.top]}
 
 
+def _activity(e) -> str:
+    """The Kineto activity type of a profiler record. torch 2.11's records have no
+    ``activity_type()``: there it is told from what Kineto names device copies and memsets
+    (``Memcpy ...``, ``Memset ...``) and from ``is_user_annotation()``."""
+    get = getattr(e, "activity_type", None)
+    if get is not None:
+        return str(get())
+    name = e.name()
+    if e.is_user_annotation():
+        return "user_annotation"
+    if e.device_type() == torch.autograd.DeviceType.CPU:
+        return "cpu_op"
+    if name.startswith("Memcpy"):
+        return "gpu_memcpy"
+    if name.startswith("Memset"):
+        return "gpu_memset"
+    return "kernel"
+
+
 def _union_ns(intervals: list[tuple[int, int]]) -> int:
     total = 0
     end = None
@@ -112,7 +131,7 @@ def device_activity(events: Iterable[Any], device_type: Any) -> dict[str, Any]:
     for e in events:
         if e.device_type() != device_type:
             continue
-        kind = kinds.get(str(e.activity_type()))
+        kind = kinds.get(_activity(e))
         if kind is None:  # runtime calls, annotations (which would double count)
             continue
         start, dur = int(e.start_ns()), max(0, int(e.duration_ns()))

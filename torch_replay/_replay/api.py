@@ -56,7 +56,23 @@ _OPTIONS = (("state", "replay_state", None), ("engine", "replay_engine", "auto")
 
 # Whether the function takes a keyword (defined beside the error naming, which respells
 # the options by it: Note [Naming in errors]); Dynamo treats the answer as a constant.
-_takes_keyword = constant_under_compile(accepts_keyword)
+_takes_keyword_constant = constant_under_compile(accepts_keyword)
+
+# torch < 2.13's Dynamo folds a constant-marked call only when every argument is a Python
+# constant, which a module is not (2.13 passes such an object through, guarded by its
+# identity); there a module without a forward of its own is asked about by its class's
+# forward, a constant with the same signature.
+_CONSTANT_ARGS_ONLY = tuple(int(v) for v in torch.__version__.split(".")[:2]) < (2, 13)
+
+
+def _takes_keyword(function, plain: str) -> bool | None:
+    if (
+        _CONSTANT_ARGS_ONLY
+        and isinstance(function, torch.nn.Module)
+        and "forward" not in function.__dict__
+    ):
+        return _takes_keyword_constant(type(function).forward, plain)
+    return _takes_keyword_constant(function, plain)
 
 
 def _replay_options(function, kwargs: dict[str, Any]) -> tuple[Any, str]:
