@@ -62,6 +62,16 @@ case "$LANE" in "$ROOT"/*) echo "torch_lane.sh: the lane must live outside the c
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 T0=$SECONDS
 log() { echo "[torch_lane $VERSION] $* [$((SECONDS - T0)) s]"; }
+# Runs the Python code on stdin with the lane's interpreter in a fresh process outside the
+# tree, its output in LOG; prints "pass", or "fail: " and the last line of LOG that
+# PATTERN (grep -E) matches.
+in_fresh_python() {
+  if (cd /tmp && "$PY" -) >"$1" 2>&1; then
+    echo pass
+  else
+    echo "fail: $(grep -E "$2" "$1" | tail -1 | cut -c1-200)"
+  fi
+}
 COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo '+dirty')"
 CMD="bash scripts/torch_lane.sh $ARGS"
 
@@ -132,13 +142,12 @@ fi
 log "build: $BUILD"
 
 # 4. Import, in a fresh process outside the tree (the editable install resolves to src/).
-if (cd /tmp && "$PY" -c 'import torch_replay, inductor_pass
+IMPORT="$(in_fresh_python "$LANE/import.log" . <<'EOF'
+import torch_replay, inductor_pass
 from torch_replay._ext import require_extension
-require_extension()') >"$LANE/import.log" 2>&1; then
-  IMPORT=pass
-else
-  IMPORT="fail: $(tail -1 "$LANE/import.log" | cut -c1-200)"
-fi
+require_extension()
+EOF
+)"
 log "import: $IMPORT"
 
 # 5. The test suite, as scripts/run_tests.sh runs pytest, all failures reported.
@@ -171,7 +180,7 @@ EOF
 fi
 
 # 6. The compile backend, in a fresh process: forward and gradients equal eager's.
-if (cd /tmp && "$PY" - <<'EOF') >"$LANE/compile_smoke.log" 2>&1; then
+SMOKE="$(in_fresh_python "$LANE/compile_smoke.log" '^[A-Za-z_.]*(Error|Exception)' <<'EOF'
 import torch
 import torch_replay  # noqa: F401  (the entry point registers the backend too)
 
@@ -189,10 +198,7 @@ for p, g in zip(m.parameters(), grads):
     torch.testing.assert_close(p.grad, g)
 print("compile smoke: ok under torch", torch.__version__)
 EOF
-  SMOKE=pass
-else
-  SMOKE="fail: $(grep -E '^[A-Za-z_.]*(Error|Exception)' "$LANE/compile_smoke.log" | tail -1 | cut -c1-200)"
-fi
+)"
 log "compile smoke: $SMOKE"
 
 # 7. Optionally, the GPU check's dry run (its CPU parts) on this torch.
