@@ -237,13 +237,13 @@ def _stateful_data(n=4, seq=8):
 
 
 class _Grads(transformers.TrainerCallback):
-    """Every gradient before each optimizer step."""
+    """Every trainable parameter's gradient before each optimizer step."""
 
     def __init__(self):
         self.seen = []
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.seen.append([p.grad.clone() for p in model.parameters()])
+        self.seen.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
 
 
 def _train(route, tmp_path, *, checkpointing=True, trainer_kwargs=None, enable_kwargs=None):
@@ -441,3 +441,60 @@ def test_sft_trainer_default_checkpointing_runs_torch_replay(tmp_path, one_threa
     assert not all(torch.equal(a, b) for a, b in zip(buffers_t, buffers_e, strict=True))
     assert_bitwise(params_r, params_e)
     assert_bitwise(buffers_r, buffers_e)
+
+
+# ------------------------------------------------------------ PEFT LoRA in the Trainer
+
+
+def _lora_train(route, tmp_path, reentrant):
+    """Two Trainer steps (gradient_checkpointing on, but for "eager") of the stateful
+    model with LoRA adapters on its layers' linears; ``route``: "eager", "torch" (the
+    Trainer's own), "before" / "after" (tr_hf.enable on the base model before
+    ``get_peft_model``, or on the PEFT model after it)."""
+    peft = pytest.importorskip("peft", reason="peft (requirements-dev.txt) is not installed")
+    from tests.hf_tiny import tiny_stateful_lm
+
+    model = tiny_stateful_lm()
+    if route == "before":
+        tr_hf.enable(model)
+    config = peft.LoraConfig(r=4, target_modules=["lin"], lora_dropout=0.1)
+    model = peft.get_peft_model(model, config)
+    if route == "after":
+        tr_hf.enable(model)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / route), max_steps=2, per_device_train_batch_size=2,
+        gradient_checkpointing=route != "eager",
+        gradient_checkpointing_kwargs={"use_reentrant": reentrant}, report_to=[],
+        save_strategy="no", logging_strategy="no", use_cpu=True, seed=0,
+        dataloader_num_workers=0, disable_tqdm=True,
+    )  # fmt: skip
+    grads = _Grads()
+    trainer = transformers.Trainer(
+        model=model, args=args, train_dataset=_stateful_data(), callbacks=[grads]
+    )
+    with collect_transactions() as txns:
+        out = trainer.train()
+    params = [p.detach().clone() for p in model.parameters()]
+    return out.training_loss, grads.seen, params, [b.clone() for b in model.buffers()], txns
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_peft_lora_in_the_trainer_trains_like_eager(reentrant, tmp_path, one_thread):
+    """PEFT LoRA adapters, the Trainer's checkpointing on: tr_hf.enable before or after
+    get_peft_model runs torch_replay on every layer, and two steps equal eager bitwise
+    (loss, the adapters' gradients of each step, every parameter, the buffers), where the
+    Trainer's own checkpointing (torch's) moves the layers' state twice."""
+    loss_e, grads_e, params_e, buffers_e, _ = _lora_train("eager", tmp_path, reentrant)
+    _, _, params_t, buffers_t, txns_t = _lora_train("torch", tmp_path, reentrant)
+    assert len(txns_t) == 0
+    assert not all(torch.equal(a, b) for a, b in zip(buffers_t, buffers_e, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(params_t, params_e, strict=True))
+    for route in ("before", "after"):
+        loss, grads, params, buffers, txns = _lora_train(route, tmp_path, reentrant)
+        assert len(txns) == 2 * 2, route
+        assert loss == loss_e, route
+        assert len(grads) == len(grads_e) == 2
+        for step, step_e in zip(grads, grads_e, strict=True):
+            assert_bitwise(step, step_e)
+        assert_bitwise(params, params_e)
+        assert_bitwise(buffers, buffers_e)
