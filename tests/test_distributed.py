@@ -529,6 +529,116 @@ def test_accelerate_fsdp2_plugin_checkpointing_never_silently_nests(ranks):
         assert "activation_checkpointing=False" in res[("size", "tr")]["refused"]
 
 
+def _lightning_ddp_job(rank):
+    """Lightning's ``DDPStrategy``, BatchNorm blocks wrapped in ``configure_model``
+    (torch_replay's recipe, or torch's wrapper in its place), ``Trainer.fit`` for two
+    steps; the group is joined as under torchrun (``LOCAL_RANK`` set)."""
+    try:
+        import lightning as L
+    except ImportError:  # the test skips with the reason
+        return {"skip": "lightning is a test dependency (requirements-dev.txt)"}
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing as torch_apply,
+    )
+
+    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(WORLD))
+    apply = {"tr": tr.apply_activation_checkpointing, "torch": torch_apply}
+
+    class Lit(L.LightningModule):
+        def __init__(self, how: str):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
+            self.how = how
+
+        def configure_model(self):
+            if self.how in apply:
+                apply[self.how](self.net, check_fn=lambda m: isinstance(m, _StatefulBlock))
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch[0]).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+    out = {}
+    for how in ("eager", "torch", "tr"):
+        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1))
+        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+        trainer = L.Trainer(
+            accelerator="cpu", devices=WORLD, strategy="ddp", max_steps=2, logger=False,
+            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        )  # fmt: skip
+        lit = Lit(how)
+        trainer.fit(lit, data)
+        out[how] = [t.detach().clone() for t in (*lit.net.parameters(), *lit.net.buffers())]
+    return out
+
+
+def test_lightning_ddp_trains_like_eager(ranks):
+    """Lightning DDP (2 processes, ``Trainer.fit``): the recipe gives eager's parameters and
+    BatchNorm statistics after two steps, where torch's wrapper in its place does not."""
+    for res in _results(ranks, "lightning-ddp"):
+        if "skip" in res:
+            pytest.skip(res["skip"])
+        assert not all(torch.equal(a, b) for a, b in zip(res["eager"], res["torch"], strict=True))
+        for x, y in zip(res["eager"], res["tr"], strict=True):
+            assert torch.equal(x, y), (x - y).abs().max()
+
+
+def _accelerate_ddp_job(rank):
+    """accelerate on two CPU processes (``MULTI_CPU``: DDP), the recipe (wrap before
+    ``prepare``) or torch's wrapper in its place, ``accelerator.backward``, two steps."""
+    try:
+        from accelerate import Accelerator
+        from accelerate.state import AcceleratorState
+    except ImportError:  # the test skips with the reason
+        return {"skip": "accelerate is a test dependency (requirements-dev.txt)"}
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing as torch_apply,
+    )
+
+    os.environ.update(
+        LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD)
+    )
+    apply = {"tr": tr.apply_activation_checkpointing, "torch": torch_apply}
+    out = {}
+    for how in ("eager", "torch", "tr"):
+        AcceleratorState._reset_state(True)
+        accelerator = Accelerator(cpu=True)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
+        if how in apply:
+            apply[how](model, check_fn=lambda m: isinstance(m, _StatefulBlock))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        model, opt = accelerator.prepare(model, opt)
+        gen = torch.Generator().manual_seed(1 + rank)
+        for _ in range(2):
+            accelerator.backward(model(torch.randn(8, 16, generator=gen)).pow(2).mean())
+            opt.step()
+            opt.zero_grad()
+        distributed = str(accelerator.state.distributed_type)
+        out[how] = (
+            distributed,
+            [t.detach().clone() for t in (*model.parameters(), *model.buffers())],
+        )
+    AcceleratorState._reset_state(True)
+    return out
+
+
+def test_accelerate_ddp_trains_like_eager(ranks):
+    """accelerate's DDP on two CPU processes: the recipe gives eager's parameters and
+    BatchNorm statistics after two steps, where torch's wrapper in its place does not."""
+    for res in _results(ranks, "accelerate-ddp"):
+        if "skip" in res:
+            pytest.skip(res["skip"])
+        (kind, eager), (_, torch_own), (_, ours) = res["eager"], res["torch"], res["tr"]
+        assert "MULTI_CPU" in kind
+        assert not all(torch.equal(a, b) for a, b in zip(eager, torch_own, strict=True))
+        for x, y in zip(eager, ours, strict=True):
+            assert torch.equal(x, y), (x - y).abs().max()
+
+
 def _ddp_job(rank):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -558,6 +668,8 @@ _JOBS = {
     "fsdp-root": _fsdp_root_job,
     "ddp": _ddp_job,
     "accelerate-fsdp2": _accelerate_fsdp2_job,
+    "accelerate-ddp": _accelerate_ddp_job,
+    "lightning-ddp": _lightning_ddp_job,
     "lightning-model-parallel": _lightning_model_parallel_job,  # last: Lightning's globals
 }
 """The jobs the workers run, by name (``_every_job``)."""
