@@ -6,9 +6,15 @@ says ``checkpoint_impl is CheckpointImpl.NO_REENTRANT`` (torch's re-run counts t
 tokens twice); torch_replay's re-run counts them once, so its wrapper must not say that
 (Note [Wrapper identity] in torch_replay/wrapper.py). The first tests need no torchtitan:
 they run a copy of torchtitan 0.3's hook (``register_moe_load_balancing_hook``) on a
-small MoE block."""
+small MoE block. The others run torchtitan itself, as its Trainer builds a model from
+the config registry (tests/torchtitan_jobs.py), in two spawned processes under
+torchtitan's FSDP2 (gloo), where scripts/setup.sh installed it (beside .venv, so that the
+rest of the suite never imports it, nor the triton it needs).
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
@@ -19,6 +25,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 import torch_replay as tr
+
+from . import torchtitan_jobs
 
 # --- torchtitan 0.3's hook, faithfully copied (components/optimizer/optimizer.py) -----
 
@@ -175,3 +183,127 @@ def test_wrapper_checkpoint_impl_is_its_own_and_reentrant_keywords_still_packed(
         g_theirs = [x.grad.clone()] + [p.grad.clone() for p in theirs.parameters()]
         for a, b in zip(g_ours, g_theirs, strict=True):
             assert torch.equal(a, b)
+
+
+# --- torchtitan itself -------------------------------------------------------------
+
+_INSTALL = (
+    "torchtitan 0.3.0 and what it imports are installed by scripts/setup.sh "
+    "(requirements-torchtitan.txt, --no-deps, into .venv/torchtitan-site; "
+    f"or set {torchtitan_jobs.SITE_ENV})"
+)
+
+
+def _titan_missing() -> str | None:
+    site = torchtitan_jobs.site()
+    for package in ("torchtitan", "triton", "tyro", "spmd_types"):
+        if not os.path.isdir(os.path.join(site, package)):
+            return f"{package} is not in {site}: {_INSTALL}"
+    return None
+
+
+@pytest.fixture(scope="module")
+def titan_runs() -> list:
+    """Every run of tests/torchtitan_jobs.py on two ranks (one pair of spawned workers
+    for the whole file: each imports torchtitan and triton)."""
+    reason = _titan_missing()
+    if reason:
+        pytest.skip(reason)
+    from .test_distributed import _spawn
+
+    return _spawn(torchtitan_jobs.every_run)
+
+
+def _run(ranks: list, name: str) -> list:
+    out = [r[name] for r in ranks]
+    for r in out:
+        assert "error" not in r, r["error"]
+    return out
+
+
+def _titan_equal(run: dict, reference: dict) -> None:
+    for step, (a, b) in enumerate(zip(run["loss"], reference["loss"], strict=True)):
+        assert torch.equal(a, b), ("loss", step, (a - b).abs().item())
+    for step, (ga, gb) in enumerate(zip(run["grads"], reference["grads"], strict=True)):
+        assert ga.keys() == gb.keys()
+        for name in ga:
+            assert torch.equal(ga[name], gb[name]), ("grad", step, name)
+    for kind in ("params", "buffers"):
+        assert run[kind].keys() == reference[kind].keys()
+        for name in run[kind]:
+            x, y = run[kind][name], reference[kind][name]
+            assert torch.equal(x, y), (kind, name, (x.float() - y.float()).abs().max().item())
+
+
+_OURS = "torch_replay"
+_THEIRS = "torch"
+
+
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_torchtitan_deepseek_v3_moe_one_line_trains_like_eager(titan_runs, policy):
+    """DeepSeek-V3 (torchtitan's debug model: a dense layer, two MoE layers with
+    load balancing) built as torchtitan's Trainer builds it, FSDP2 over two ranks, its
+    ``register_moe_load_balancing_hook`` on the optimizer: with the override line, every
+    block is torch_replay's wrapper and two AdamW steps give eager's loss, every
+    gradient, parameter and buffer (``expert_bias_E``, ``tokens_per_expert_E``)
+    bitwise, with full and with selective activation checkpointing."""
+    for rank in range(2):
+        eager = _run(titan_runs, "dsv3-eager")[rank]
+        ours = _run(titan_runs, f"dsv3-tr-{policy}")[rank]
+        assert ours["wrappers"] == [_OURS] * 3
+        _titan_equal(ours, eager)
+        assert any(".moe.expert_bias_E" in n for n in ours["buffers"])
+
+
+@pytest.mark.parametrize("policy", ["full", "selective"])
+def test_torchtitan_own_checkpointing_stays_torch(titan_runs, policy):
+    """torchtitan's own activation checkpointing, untouched by torch_replay being
+    installed: torch's wrapper with torch's ``CheckpointImpl.NO_REENTRANT``, whose
+    doubled token counts the hook halves (eager's result, the reference the test
+    above is held to, is reached by torch too on this model)."""
+    for rank in range(2):
+        theirs = _run(titan_runs, f"dsv3-{policy}")[rank]
+        assert theirs["wrappers"] == [_THEIRS] * 3
+        assert theirs["impl"] == [str(CheckpointImpl.NO_REENTRANT)] * 3
+        _titan_equal(theirs, _run(titan_runs, "dsv3-eager")[rank])
+
+
+def test_torchtitan_enable_wraps_with_torch_replay(titan_runs):
+    """``enable()`` around the model's ``parallelize_fn`` (code that builds torchtitan's
+    policies itself): torchtitan's own ``FullAC`` config builds torch_replay's wrapper,
+    and the MoE model trains as eager."""
+    for rank in range(2):
+        ours = _run(titan_runs, "dsv3-enable-full")[rank]
+        assert ours["wrappers"] == [_OURS] * 3
+        _titan_equal(ours, _run(titan_runs, "dsv3-eager")[rank])
+
+
+def test_torchtitan_llama3_dense_one_line_equals_torch_and_eager(titan_runs):
+    """Llama 3 (dense, no state in its blocks): with the override line, torch_replay's
+    wrapper gives torchtitan's own full checkpointing's result and eager's, bitwise."""
+    for rank in range(2):
+        ours = _run(titan_runs, "llama3-tr-full")[rank]
+        assert ours["wrappers"] == [_OURS] * 3
+        _titan_equal(ours, _run(titan_runs, "llama3-full")[rank])
+        _titan_equal(ours, _run(titan_runs, "llama3-eager")[rank])
+
+
+def test_torchtitan_override_refuses_what_it_cannot_replace(titan_runs):
+    """``replay_ac`` on memory-budget checkpointing (no wrapper) or on a subclass with a
+    policy of its own raises, naming it, instead of leaving torch's checkpoint or
+    dropping the subclass's code; ``enable()`` blocks nest and put torchtitan's function
+    back."""
+    for result in _run(titan_runs, "refusals"):
+        assert result["memory"].startswith("ValueError") and "MemoryBudgetAC" in result["memory"]
+        assert result["subclass"].startswith("ValueError") and "enable()" in result["subclass"]
+        assert result["engine"].startswith("ValueError")
+        assert result["full"] == "ReplayFullAC.Config journal True"
+        assert result["restored"] is True
+
+
+def test_torchtitan_documented_names_resolve(titan_runs):
+    """The names docs/integrations.md gives for the torchtitan route resolve where
+    torchtitan imports (tests/test_documented_imports.py leaves them to this test)."""
+    for result in _run(titan_runs, "documented"):
+        assert "torch_replay.integrations.torchtitan.replay_ac" in result["names"]
+        assert result["failed"] == {}
