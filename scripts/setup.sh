@@ -43,6 +43,15 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   fi
 fi
 "${PIP[@]}" -r requirements-dev.txt
+# torchtitan for tests/test_torchtitan.py, in a folder of its own beside the venv's packages
+# (requirements-torchtitan.txt says why); redone when that file changes.
+TITAN_SITE="$VENV/torchtitan-site"
+if ! cmp -s requirements-torchtitan.txt "$TITAN_SITE/.requirements" 2>/dev/null; then
+  log "installing torchtitan into $TITAN_SITE (--no-deps, requirements-torchtitan.txt)"
+  rm -rf "$TITAN_SITE"
+  "${PIP[@]}" --no-deps --target "$TITAN_SITE" -r requirements-torchtitan.txt
+  cp requirements-torchtitan.txt "$TITAN_SITE/.requirements"
+fi
 
 # 3. The extension, linked against the torch in $VENV. The editable install
 #    (package metadata, entry points) is redone when pyproject.toml changes;

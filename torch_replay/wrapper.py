@@ -8,9 +8,24 @@ accelerate look for torch's ``CheckpointWrapper`` (``isinstance``) and its prefi
 ``_checkpoint_wrapped_module.`` to unwrap state dicts, and skip their own activation
 checkpointing when a model already holds one. So the wrapper here *is* a
 ``CheckpointWrapper`` (a subclass that only changes the checkpoint function it is built
-with): torch's forward (keyword packing for the reentrant variant), ``__getattr__``,
-``named_parameters`` and state-dict hooks are inherited unchanged, and the state-dict
-keys are the unwrapped module's, as with torch's wrapper.
+with): ``__getattr__``, ``named_parameters`` and state-dict hooks are inherited
+unchanged, and the state-dict keys are the unwrapped module's, as with torch's wrapper.
+
+Its ``checkpoint_impl`` is *not* torch's ``CheckpointImpl``: it is
+:class:`ReplayCheckpointImpl` (``REENTRANT`` / ``NO_REENTRANT``, as ``use_reentrant``).
+Torch's value says "torch.utils.checkpoint runs this, and its re-run repeats the
+segment's state writes", and code reads it that way: torchtitan's MoE load balancing
+(``register_moe_load_balancing_hook``) halves ``tokens_per_expert`` of every block
+whose ``checkpoint_impl is CheckpointImpl.NO_REENTRANT``, since torch's re-run counts
+the tokens twice. torch_replay's re-run restores the segment's state (declared or
+preserved), so the tokens are counted once, as in eager, and halving them moved the
+expert bias away from eager's from the second step on. In torch 2.13 the only other
+reader of ``checkpoint_impl`` is torch's ``CheckpointWrapper`` itself: its
+``__init__`` derives ``use_reentrant`` from it only when no ``checkpoint_fn`` is
+given (here one always is), and its ``forward`` packs keyword arguments for the
+reentrant variant when it equals ``CheckpointImpl.REENTRANT``, so :meth:`forward`
+here does that packing itself (torch's ``_pack_kwargs`` / ``_unpack_kwargs``). FSDP,
+Lightning and accelerate look at the class (``isinstance``), never at this value.
 
 The wrapped module is declared state by default (``replay_state="module"``): its
 buffers and parameters are preserved for the re-run (BatchNorm statistics,
@@ -45,19 +60,18 @@ forward (not under ``torch.compile``, whose checkpoint region is one):
 
 from __future__ import annotations
 
+import enum
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
-    CheckpointImpl,
-    CheckpointWrapper,
-)
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing as _torch_apply,
 )
+from torch.distributed.utils import _pack_kwargs, _unpack_kwargs
 
 from ._replay.api import checkpoint
 from .errors import UnsupportedReplayError
@@ -66,6 +80,7 @@ if TYPE_CHECKING:
     from .layer_budget import LayerPlan
 
 __all__ = [
+    "ReplayCheckpointImpl",
     "ReplayCheckpointWrapper",
     "apply_activation_checkpointing",
     "checkpoint_modules",
@@ -103,9 +118,20 @@ def resolve_state(replay_state: Any, owner: torch.nn.Module, word: str) -> Any:
     return replay_state
 
 
+class ReplayCheckpointImpl(enum.Enum):
+    """The ``checkpoint_impl`` of a :class:`ReplayCheckpointWrapper`: the re-run sees
+    the forward's state and does not repeat its state writes, unlike torch's
+    ``CheckpointImpl`` members, which it deliberately is not (Note [Wrapper
+    identity])."""
+
+    REENTRANT = enum.auto()
+    NO_REENTRANT = enum.auto()
+
+
 class ReplayCheckpointWrapper(CheckpointWrapper):
     """torch's ``CheckpointWrapper`` whose checkpoint function is ``tr.checkpoint``
-    (Note [Wrapper identity]); built by :func:`checkpoint_wrapper`."""
+    (Note [Wrapper identity]); built by :func:`checkpoint_wrapper`. Its
+    ``checkpoint_impl`` is a :class:`ReplayCheckpointImpl`."""
 
     def __init__(
         self,
@@ -116,7 +142,9 @@ class ReplayCheckpointWrapper(CheckpointWrapper):
         replay_engine: str,
         **checkpoint_kwargs: Any,
     ) -> None:
-        impl = CheckpointImpl.REENTRANT if use_reentrant else CheckpointImpl.NO_REENTRANT
+        impl = (
+            ReplayCheckpointImpl.REENTRANT if use_reentrant else ReplayCheckpointImpl.NO_REENTRANT
+        )
         super().__init__(
             mod,
             impl,
@@ -131,7 +159,18 @@ class ReplayCheckpointWrapper(CheckpointWrapper):
         if not torch.compiler.is_compiling():
             _refuse_torch_checkpoint_around(self)
             _disarm_torch_wrappers_inside(self)
-        return super().forward(*args, **kwargs)
+        module = self._checkpoint_wrapped_module
+        if self.checkpoint_impl is ReplayCheckpointImpl.REENTRANT and kwargs:
+            # torch's forward does this for CheckpointImpl.REENTRANT: the reentrant
+            # checkpoint takes positional arguments only.
+            flat_args, kwarg_keys = _pack_kwargs(*args, **kwargs)
+
+            def run(*inputs: Any) -> Any:
+                unpacked_args, unpacked_kwargs = _unpack_kwargs(inputs, kwarg_keys)
+                return module(*unpacked_args, **unpacked_kwargs)
+
+            return self.checkpoint_fn(run, *flat_args)
+        return self.checkpoint_fn(module, *args, **kwargs)
 
 
 _TURN_OFF = (
@@ -203,7 +242,8 @@ def checkpoint_wrapper(
         module: the module to checkpoint.
         use_reentrant: ``False`` (default, torch's ``CheckpointImpl.NO_REENTRANT``) or
             ``True`` (``CheckpointImpl.REENTRANT``; keyword arguments of the module are
-            packed into positional ones as torch's wrapper does).
+            packed into positional ones as torch's wrapper does). The wrapper's
+            ``checkpoint_impl`` is the :class:`ReplayCheckpointImpl` of that name.
         replay_state: ``"module"`` (default: the module's buffers and parameters are
             declared state), ``None`` (nothing declared) or a list, as ``state=``.
         replay_engine: the preservation engine (``engine=`` of ``tr.checkpoint``).
