@@ -27,7 +27,8 @@ only the rooms above it, and ``config``, ``report`` and ``observe``):
 - ``runtime/``: the backend in Inductor. ``backend`` (the hooks and the inner
   compile), ``variant_compile`` (an inner compile with its variants), ``state``
   (the hook state a backend call owns), ``first_call`` (the pass at a graph's first
-  call), ``decision_cache``, ``salt`` (the cache salt, ``TorchReplayPass``).
+  call), ``per_size`` (the same at each size's first call, for symbolic graphs),
+  ``decision_cache``, ``salt`` (the cache salt, ``TorchReplayPass``).
 - ``config`` (``PassConfig``), ``report`` (``GraphReport``), ``observe`` (compile
   observers for benchmarks and profilers: Note [Compile observers]).
 """

@@ -84,6 +84,11 @@ class PassConfig:
     cost (MACs of convolutions/matmuls plus one per element written by other kernels)."""
     recompute_max_chain: int = field(default=16, metadata=_CHANGES_PROGRAMS)
     """Longest chain of kernels re-emitted for one buffer."""
+    max_sizes: int = field(default=8, metadata=_CHANGES_PROGRAMS)
+    """Most sizes of one graph with symbolic sizes that get their own order, each at its
+    first call (Note [Per-size orders] in ``inductor_pass/runtime/per_size.py``); later new
+    sizes run Inductor's program, and the first of them says so in a report. 0: symbolic
+    graphs are left unchanged."""
     inject_failure: FailurePoint | None = field(default=None, metadata=_CHANGES_PROGRAMS)
     """Testing: raise inside the pass at this stage (``"parse"``, ``"profile"``,
     ``"search"``, ``"guard"``), or make the forked variant child fail (``"fork-fail"``) or

@@ -19,6 +19,9 @@ class GraphReport:
     kind: str = "inference"
     """``"forward"``, ``"backward"`` or ``"inference"``."""
     device: str = "cpu"
+    size: str = ""
+    """For a graph with symbolic sizes, the call's sizes this report is for (``"s77=16"``;
+    Note [Per-size orders] in ``inductor_pass/runtime/per_size.py``); "" for a static graph."""
     deployed: bool = False
     """The permuted program replaced the original."""
     reason: str = ""
@@ -106,7 +109,8 @@ class GraphReport:
             return "-" if x is None else f"{x / 2**20:.3f} MiB"
 
         return (
-            f"[torch_replay] graph {self.graph_id} ({self.kind}, {self.device}): "
+            f"[torch_replay] graph {self.graph_id} ({self.kind}, {self.device}"
+            f"{', ' + self.size if self.size else ''}): "
             f"{'DEPLOYED' if self.deployed else 'unchanged'}; modelled "
             f"{mib(self.modelled_original_peak)} -> {mib(self.modelled_permuted_peak)}, "
             f"measured {mib(self.measured_original_peak)} -> "
@@ -129,7 +133,8 @@ class GraphReport:
 
         status = "DEPLOYED" if self.deployed else "unchanged"
         lines = [
-            f"torch_replay graph {self.graph_id} ({self.kind}, {self.device}): {status}, "
+            f"torch_replay graph {self.graph_id} ({self.kind}, {self.device}"
+            f"{', ' + self.size if self.size else ''}): {status}, "
             f"program {self.variant}",
             f"  {'peak MiB':<16}{'modelled':>10}{'measured':>10}",
             f"  {'Inductor':<16}{mib(self.modelled_original_peak):>10}"
@@ -161,7 +166,8 @@ _REPORTS: list[GraphReport] = []
 
 
 def reports() -> list[GraphReport]:
-    """One report per graph compiled through the pass in this process, newest last."""
+    """One report per graph compiled through the pass in this process, newest last (for a
+    graph with symbolic sizes, one per size: ``GraphReport.size``)."""
     return list(_REPORTS)
 
 

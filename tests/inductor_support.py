@@ -27,6 +27,7 @@ __all__ = [
     "Mixer",
     "SegmentNet",
     "Summed",
+    "TwoBranch",
     "call_peak",
     "mixer_and_input",
     "pass_config",
@@ -136,6 +137,24 @@ class Branchy(nn.Module):
 
     def forward(self, x):
         return self.h(torch.relu(self.a(x))) * self.h(torch.tanh(self.b(x)))
+
+
+class TwoBranch(nn.Module):
+    """Two branches of different depths and widths into one product: with symbolic sizes
+    (``dynamic=True``, where Inductor fuses Branchy's two activations into one kernel)
+    Inductor's order is still not the lowest, in inference and in the backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(64, 512)
+        self.b1 = nn.Linear(64, 256)
+        self.b2 = nn.Linear(256, 768)
+        self.h = nn.Linear(512, 8)
+        self.g = nn.Linear(768, 8)
+
+    def forward(self, x):
+        b = self.g(torch.sigmoid(self.b2(torch.tanh(self.b1(x)))))
+        return self.h(torch.relu(self.a(x))) * b
 
 
 class FrozenBranchy(nn.Module):

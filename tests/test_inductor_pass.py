@@ -465,15 +465,18 @@ def test_inference_graph_and_reports_fields():
         assert key in d
 
 
-def test_dynamic_shapes_are_left_unchanged():
+def test_dynamic_shapes_without_sizes_are_left_unchanged():
+    # Symbolic graphs get an order per size (tests/test_inductor_dynamic.py), at most
+    # PassConfig.max_sizes of them: with none, the first size says so.
     torch.manual_seed(0)
     model = MLP()
     inductor_pass.clear_reports()
-    with torch.no_grad():
+    with torch.no_grad(), pass_config(max_sizes=0):
         f = torch.compile(copy.deepcopy(model), backend="torch_replay", dynamic=True)
         assert f(torch.ones(4, 32)).shape == (4, 16)
     (r,) = inductor_pass.reports()
-    assert not r.deployed and "dynamic shapes" in r.reason
+    assert not r.deployed and "PassConfig.max_sizes=0" in r.reason
+    assert r.size.endswith("=4") and "(inference, cpu, s" in r.summary()
 
 
 def test_injected_failure_falls_back():
@@ -516,6 +519,7 @@ _OTHER_VALUE = {
     "recompute": True,
     "recompute_budget": 0.5,
     "recompute_max_chain": 4,
+    "max_sizes": 2,
     "inject_failure": "search",
 }
 

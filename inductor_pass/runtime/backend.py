@@ -45,6 +45,7 @@ from inductor_pass.observe import notify, span
 from inductor_pass.report import GraphReport, failed, record
 from inductor_pass.runtime import decision_cache, variant_compile
 from inductor_pass.runtime.first_call import FirstCallPass
+from inductor_pass.runtime.per_size import SizeDispatch
 from inductor_pass.runtime.salt import TorchReplayPass, pass_uuid
 from inductor_pass.runtime.state import HookState, active, current
 from inductor_pass.stages import guard
@@ -76,14 +77,16 @@ def _unchanged(kind: str, reason: str, config: PassConfig) -> None:
 
 def run_pass(
     compiled_graph: Any, example_inputs: Any, kind: str, config: PassConfig
-) -> FirstCallPass | None:
+) -> FirstCallPass | SizeDispatch | None:
     """Arm the pass on a finished ``CompiledFxGraph``; never raises.
 
     ``compiled_graph.current_callable`` becomes a :class:`FirstCallPass`,
     which runs the pass at the first call (Note [Profiling on real inputs]
     in ``inductor_pass/runtime/first_call.py``) and from then on calls the permuted
-    program when it was deployed, else the original. Graphs the pass cannot
-    handle are reported here.
+    program when it was deployed, else the original; for a graph with symbolic
+    sizes, a :class:`SizeDispatch` that does so at the first call of each size
+    (Note [Per-size orders] in ``inductor_pass/runtime/per_size.py``). Graphs the
+    pass cannot handle are reported here.
 
     Returns:
         The armed pass, or None when the graph was left unchanged.
@@ -98,14 +101,13 @@ def run_pass(
     if not isinstance(source, str) or getattr(compiled_graph, "current_callable", None) is None:
         return _unchanged(kind, f"{type(compiled_graph).__name__} has no Python wrapper", config)
     try:
-        dynamic = guard.symbolic_inputs(example_inputs)
-        if dynamic:
-            return _unchanged(
-                kind, f"dynamic shapes ({dynamic}); a peak is certified per size", config
-            )
-        first_call = FirstCallPass(program_of(compiled_graph), kind, config)
-        compiled_graph.current_callable = first_call
-        return first_call
+        armed: FirstCallPass | SizeDispatch
+        if guard.symbolic_inputs(example_inputs):  # Note [Per-size orders]
+            armed = SizeDispatch(program_of(compiled_graph), kind, config, example_inputs)
+        else:
+            armed = FirstCallPass(program_of(compiled_graph), kind, config)
+        compiled_graph.current_callable = armed
+        return armed
     except Exception as exc:
         rep = failed(kind, source, exc)
     record(rep, print_it=config.report, dump_dir=config.dump_dir)
@@ -145,7 +147,9 @@ def install_post_compile_hook() -> bool:
             elif (
                 state is not None
                 and state.config is not None
-                and not isinstance(getattr(self, "current_callable", None), FirstCallPass)
+                and not isinstance(
+                    getattr(self, "current_callable", None), (FirstCallPass, SizeDispatch)
+                )
             ):
                 state.failed_variants.update(kernels.resolve_deferred(state.deferred))
                 graph_kwargs = args[1] if len(args) > 1 else kwargs.get("graph_kwargs")

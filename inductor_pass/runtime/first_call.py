@@ -43,10 +43,12 @@ class FirstCallPass:
     ``inductor_pass/stages/observable.py``.
     """
 
-    def __init__(self, program: Program, kind: str, config: PassConfig) -> None:
+    def __init__(self, program: Program, kind: str, config: PassConfig, *, size: str = "") -> None:
         self.impl = program.call
         self._next = None
         self._pending = (program.source, program.globals, program.partitions, kind, config)
+        self.size = size
+        """The sizes of a symbolic graph's call (Note [Per-size orders]); "" when static."""
         self.variants: list[Variant] = []
         """Alternative programs (Note [Program variants] in ``inductor_pass/variants/choose.py``)."""
         self.variant_notes: list[str] = []
@@ -78,6 +80,7 @@ class FirstCallPass:
                 )
                 rep = self._from_cache(key, source, glob, partitions, kind)
                 if rep is not None:
+                    rep.size = self.size
                     record(rep, print_it=config.report, dump_dir=config.dump_dir)
                     return rep
             rep, entry = self._optimize(args, owned, source, glob, partitions, kind, config)
@@ -86,6 +89,7 @@ class FirstCallPass:
         except Exception as exc:
             self._next = None
             rep = failed(kind, source, exc)
+        rep.size = self.size
         record(rep, print_it=config.report, dump_dir=config.dump_dir)
         return rep
 
@@ -129,7 +133,7 @@ class FirstCallPass:
             rep.num_inputs = sum(isinstance(x, torch.Tensor) for x in args)
             rep.pass_seconds = time.perf_counter() - t0
             return rep, {"variant": "default", "order": None}
-        if not self.variants and config.variants:
+        if not self.variants and config.variants and not self.size:  # Note [Per-size orders]
             self._load_variants(source, config)
         kept: dict[str, Any] = {}
         cands = [candidate("default", source, glob, self.impl, partitions, kept)]
@@ -168,7 +172,8 @@ class FirstCallPass:
         for name in same:
             rep.variants[name] = dict(rep.variants["default"])
             self.variant_notes.append(f"variant {name} is the default program (same source)")
-        rep.notes.append("profiled on a copy of the first call's real inputs")
+        at = f" at {self.size}" if self.size else ""
+        rep.notes.append(f"profiled on a copy of the first call's real inputs{at}")
         if owned is None:
             rep.notes.append("input ownership unknown: every input taken as held")
         rep.notes.extend(self.variant_notes)

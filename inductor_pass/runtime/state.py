@@ -27,6 +27,7 @@ from inductor_pass.variants.kernels import DeferredWait
 
 if TYPE_CHECKING:
     from inductor_pass.runtime.first_call import FirstCallPass
+    from inductor_pass.runtime.per_size import SizeDispatch
 
 __all__ = ["HookState", "active", "collecting", "current", "detach"]
 
@@ -45,7 +46,7 @@ class HookState:
     (Note [Deferred variant kernels] in ``inductor_pass/variants/kernels.py``)."""
     failed_variants: dict[int, str] = field(default_factory=dict)
     """``id(variant module globals)`` -> why its kernels failed to build."""
-    armed: list[FirstCallPass] = field(default_factory=list)
+    armed: list[FirstCallPass | SizeDispatch] = field(default_factory=list)
     """The passes the hook armed, in order (the inner compile gives the default
     program's its variants, then removes those it armed; the backend call empties
     it when it returns)."""
