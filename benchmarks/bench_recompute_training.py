@@ -146,6 +146,7 @@ def table(rows, args, started) -> str:
         "by the recomputed ops over the joint graph's cost (MACs plus elements written);",
         "recomputed chains hold no convolution or matmul (extra MACs 0). Bitwise: outputs and",
         "every gradient of two steps equal (torch.equal) to plain Inductor's.",
+        "Where nothing is recomputed, a change comes from the pass's per-graph order alone.",
         "",
         "| model | Inductor step peak MiB | ours MiB | change | modelled (per graph) | "
         "extra cost | bitwise | recomputed | decision |",
