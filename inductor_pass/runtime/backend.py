@@ -232,6 +232,12 @@ def make_backend(config: PassConfig | None = None):
         patches = dict(options.get("options") or {})
         if hasattr(inductor_config, "post_grad_custom_post_pass"):
             patches["post_grad_custom_post_pass"] = TorchReplayPass(cfg, existing)
+        if cfg.recompute and getattr(inductor_config, "custom_partitioner_fn", 0) is None:
+            from inductor_pass.stages.train_recompute import TrainingRecompute
+
+            # Training: the saved activations are chosen at the partition (Note
+            # [Recomputation in training] in inductor_pass/stages/train_recompute.py).
+            patches.setdefault("custom_partitioner_fn", TrainingRecompute(cfg))
         no_aot_cache = contextlib.nullcontext()
         if cfg.variants and not decision_cache.enabled(cfg):
             # Variants of graphs loaded from AOTAutograd's cache come from the
