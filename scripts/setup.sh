@@ -57,19 +57,10 @@ fi
 #    (package metadata, entry points) is redone when pyproject.toml changes;
 #    the extension itself is rebuilt incrementally (ninja) every time.
 export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-if "$PY" -c "import sys, torch; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then
-  # A CUDA build of torch: help torch.utils.cpp_extension find the toolkit.
-  # Without a GPU it cannot guess the architectures (H100/H200 9.0, RTX 2080 Ti 7.5).
-  export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-7.5;9.0}"
-  if [ -z "${CUDA_HOME:-}" ] && [ -d /usr/local/cuda/include ]; then
-    export CUDA_HOME=/usr/local/cuda
-  fi
-  # The pip CUDA wheels carry the cuBLAS/cuSPARSE/cuSOLVER headers ATen includes.
-  nv_inc="$("$PY" -c "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'include'))" 2>/dev/null || true)"
-  if [ -n "$nv_inc" ] && [ -d "$nv_inc" ]; then
-    export CPATH="$nv_inc${CPATH:+:$CPATH}"
-  fi
-fi
+# A CUDA build of torch needs nothing set here: setup.py finds the toolkit (CUDA_HOME, else
+# torch's guess, else the one nvcc reports, else /usr/local/cuda), takes build.env's
+# architectures when there is no GPU to ask (TORCH_CUDA_ARCH_LIST wins when set) and adds
+# the pip CUDA wheels' headers (nvidia/*/include) that torch's own headers include.
 stamp="$VENV/.torch_replay_installed"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stamp" ] || [ build.env -nt "$stamp" ] \
    || ! "$PY" -m pip show -q torch_replay >/dev/null 2>&1; then

@@ -50,6 +50,15 @@ class _StopRecompute(Exception):
     pass
 
 
+# torch < 2.13 keeps a checkpoint's inputs through an autograd Function
+# (_NoopSaveInputs.apply(dummy, kwargs, *args)) whose first saved tensor is a dummy,
+# torch.empty((0,), requires_grad=True), so an outer hook packs that (0,) tensor before
+# the inputs and unpacks it first at each re-run; 2.13 saves the inputs alone
+# (_CheckpointFrame.save_inputs). Chosen from the installed torch (Note [Inputs through
+# outer hooks]).
+_PACKS_A_DUMMY_INPUT = not hasattr(_tcp._CheckpointFrame, "save_inputs")
+
+
 class _Packed:
     """An input of the segment as an outer saved-tensor hook packed it."""
 
@@ -82,6 +91,7 @@ class _Frame:
         self.run = run
         self.saved_args: list[Any] = []
         self.unpack_input = None
+        self.packed_dummy: Any = None  # torch < 2.13's (0,) tensor, as an outer hook packed it
         self.child = child
         self.gate = gate
         self.early_stop = early_stop
@@ -114,7 +124,9 @@ class _Frame:
     # writes in place is kept itself once the forward is over (keep_written_inputs):
     # the re-run must start from its forward-time bytes in its own storage, which the
     # transaction restores and verifies; the hook's copy is dropped (torch re-runs on
-    # the copy; the gradient is the same).
+    # the copy; the gradient is the same). On torch < 2.13 the outer hook also packs
+    # (first) and unpacks (first, at each re-run) the (0,) dummy tensor that torch's
+    # input saver saves before the inputs (_PACKS_A_DUMMY_INPUT).
 
     def save_inputs(self, args) -> None:
         hooks = torch._C._autograd._top_saved_tensors_default_hooks(False)
@@ -123,6 +135,8 @@ class _Frame:
             return
         pack, self.unpack_input = hooks
         with torch.no_grad():
+            if _PACKS_A_DUMMY_INPUT:
+                self.packed_dummy = pack(torch.empty((0,), requires_grad=True))
             self.saved_args = [
                 _Packed(pack(a), a.requires_grad) if isinstance(a, torch.Tensor) else a
                 for a in args
@@ -139,6 +153,8 @@ class _Frame:
                 self.saved_args[i] = a
 
     def get_inputs(self) -> list[Any]:
+        if self.packed_dummy is not None:
+            self.unpack_input(self.packed_dummy)  # as torch < 2.13's ctx.saved_tensors
         return [
             a.unpack(self.unpack_input) if isinstance(a, _Packed) else a for a in self.saved_args
         ]
