@@ -28,6 +28,7 @@ environment).
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names")
     parser.add_argument("--processes", type=int, default=3, help="separate processes a row")
     parser.add_argument("--rounds", type=int, default=5, help="rounds a process")
-    parser.add_argument("--child", help=argparse_hidden())
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one row in this process
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(_child(args.child, args.rounds)))
@@ -186,12 +187,6 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(["python -m benchmarks.bench_stacks", *given])
     return emit(results_markdown(command, about, header, (_cells(n, runs[n]) for n in names)),
                 args.out)  # fmt: skip
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":

@@ -225,3 +225,21 @@ def real_step(model, inputs, backend) -> tuple[int, torch.Tensor, list[torch.Ten
         peak = stats()["peak"]
     grads = [p.grad.clone() for p in m.parameters()]
     return peak, loss.detach(), grads
+
+
+def logged_sum_op(name: str) -> list[float]:
+    """Registers ``torch.ops.torch_replay_test.<name>``: the sum of its input as a
+    one-element tensor, each call's value appended to the returned list (what the
+    effect tests count: how often the operator really ran). One name per test file."""
+    calls: list[float] = []
+
+    @torch.library.custom_op(f"torch_replay_test::{name}", mutates_args=())
+    def logged_sum(x: torch.Tensor) -> torch.Tensor:
+        calls.append(float(x.sum()))
+        return x.sum().reshape(1)
+
+    @logged_sum.register_fake
+    def _(x):
+        return x.new_empty(1)
+
+    return calls

@@ -19,7 +19,7 @@ import torch
 
 import inductor_pass
 from inductor_pass.stages.guard import counting_window
-from tests.inductor_support import TwoBranch, pass_config
+from tests.inductor_support import TwoBranch, logged_sum_op, pass_config
 
 pytestmark = pytest.mark.usefixtures("one_thread", "fresh_dynamo", "no_decision_cache")
 
@@ -149,18 +149,7 @@ def test_decisions_are_cached_per_size(monkeypatch, tmp_path):
     assert any(w.deployed for w in warm)
 
 
-CALLS: list[float] = []
-
-
-@torch.library.custom_op("torch_replay_test::logged_sum_dyn", mutates_args=())
-def logged_sum(x: torch.Tensor) -> torch.Tensor:
-    CALLS.append(float(x.sum()))
-    return x.sum().reshape(1)
-
-
-@logged_sum.register_fake
-def _(x):
-    return x.new_empty(1)
+CALLS = logged_sum_op("logged_sum_dyn")
 
 
 def test_observable_calls_run_once_at_every_size():

@@ -15,20 +15,10 @@ from torch._library.effects import EffectType
 import inductor_pass
 from inductor_pass.stages.observable import observable_call
 from inductor_pass.stages.rewrite import resolver
+from tests.inductor_support import logged_sum_op
 
-CALLS: list[float] = []
-"""What the effectful operator below saw, one entry per call."""
-
-
-@torch.library.custom_op("torch_replay_test::logged_sum", mutates_args=())
-def logged_sum(x: torch.Tensor) -> torch.Tensor:
-    CALLS.append(float(x.sum()))
-    return x.sum().reshape(1)
-
-
-@logged_sum.register_fake
-def _(x):
-    return x.new_empty(1)
+CALLS = logged_sum_op("logged_sum")
+"""What the effectful operator saw, one entry per call."""
 
 
 torch.library._register_effectful_op(
