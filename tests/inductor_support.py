@@ -25,6 +25,7 @@ __all__ = [
     "ConvNet",
     "FrozenBranchy",
     "Mixer",
+    "RoutedTwoBranch",
     "SegmentNet",
     "Summed",
     "TwoBranch",
@@ -33,6 +34,7 @@ __all__ = [
     "pass_config",
     "real_step",
     "subprocess_env",
+    "unbacked_config",
 ]
 
 
@@ -155,6 +157,45 @@ class TwoBranch(nn.Module):
     def forward(self, x):
         b = self.g(torch.sigmoid(self.b2(torch.tanh(self.b1(x)))))
         return self.h(torch.relu(self.a(x))) * b
+
+
+class RoutedTwoBranch(nn.Module):
+    """A mixture of experts whose routing decides sizes: a top-1 gate picks each row's
+    expert (``torch.nonzero``: unbacked symbols), around :class:`TwoBranch` as the
+    shared layer, where Inductor's order is not the lowest. Compile it with
+    ``capture_dynamic_output_shape_ops`` (:func:`unbacked_config`)."""
+
+    def __init__(self, experts: int = 2, hidden: int = 256):
+        super().__init__()
+        self.gate = nn.Linear(64, experts)
+        self.shared = TwoBranch()
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(8, hidden), nn.ReLU(), nn.Linear(hidden, 8))
+            for _ in range(experts)
+        )
+
+    def routing(self, x: torch.Tensor) -> list[int]:
+        """Rows per expert (the sizes the data decides)."""
+        choice = self.gate(x).argmax(-1)
+        return [int((choice == e).sum()) for e in range(len(self.experts))]
+
+    def forward(self, x):
+        choice = self.gate(x).argmax(-1)
+        y = self.shared(x)
+        out = y
+        for e, expert in enumerate(self.experts):
+            rows = torch.nonzero(choice == e).squeeze(-1)
+            out = out.index_add(0, rows, expert(y[rows]))
+        return out
+
+
+@contextlib.contextmanager
+def unbacked_config() -> Iterator[None]:
+    """Dynamo traces data-dependent sizes (``nonzero``, ``.item()``) into the graph."""
+    with torch._dynamo.config.patch(
+        capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True
+    ):
+        yield
 
 
 class FrozenBranchy(nn.Module):

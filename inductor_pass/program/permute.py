@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inductor_pass.program.units import EmissionError, ProgramModel, emit, simulate
@@ -219,6 +220,8 @@ def search_order(
     *,
     use_core: bool = True,
     time_limit_s: float = 1.0,
+    admissible: Callable[[list[int]], str | None] | None = None,
+    extra: dict[str, list[int]] | None = None,
 ) -> SearchResult:
     """Best emitted order among the heuristics and the scheduling core.
 
@@ -227,6 +230,11 @@ def search_order(
         units, edges, attached, tail: From :func:`inductor_pass.program.units.build_dependences`.
         use_core: Also run :func:`torch_replay.schedule.plan_unit_order`.
         time_limit_s: Budget of the core's exact search.
+        admissible: When given, a candidate's emitted statement order is kept
+            only when this returns None (else the reason it is dropped), and
+            the original candidate is the region's own order, not its emission
+            (Note [Data-dependent sizes] in ``inductor_pass/program/unbacked.py``).
+        extra: More candidate unit orders, by name.
 
     Returns:
         A :class:`SearchResult` (``candidate == "original"`` when nothing is lower).
@@ -234,6 +242,7 @@ def search_order(
     cands: dict[str, list[int]] = {"original": list(units)}
     cands["greedy"] = _greedy(model, units, edges, attached)
     cands.update(_topo_orders(units, edges))
+    cands.update(extra or {})
     result_bounds: dict[str, int] = {}
     lower: int | None = None
     certified = False
@@ -273,11 +282,21 @@ def search_order(
     for name, uo in cands.items():
         if sorted(uo) != sorted(units):
             continue
+        if admissible is not None and name == "original":
+            # Inductor's program itself, the reference of ``admissible``.
+            so = list(range(len(model.wrapper.region)))
+            scored[name], orders[name] = simulate(model, so)[0], so
+            continue
         try:
             so = emit(model, uo, attached, tail)
         except EmissionError as exc:
             note += f"; {name}: {exc}"
             continue
+        if admissible is not None:
+            why = admissible(so)
+            if why is not None:
+                note += f"; {name}: {why}"
+                continue
         scored[name] = simulate(model, so)[0]
         orders[name] = so
     if "original" not in scored:

@@ -20,10 +20,18 @@ The model is checked against the profile: every statement's live-byte delta
 must equal the modelled one (ownership and completion records), otherwise the
 graph keeps its order.
 
-Units are the kernel-call statements (``StmtKind.UNIT``). Dependences are
+Units are the kernel-call statements (``StmtKind.UNIT``), size queries and
+``if`` statements (Note [Data-dependent sizes] in
+``inductor_pass/program/unbacked.py``). Dependences are
 per storage in original order: read-after-write, write-after-read and
 write-after-write; reads of one generation may reorder among themselves.
-Calls with unknown effects and seeded-random ops are barriers (ordered with
+Every name a unit (or an allocation attached to it) uses follows the unit
+that binds it, so a symbol bound by a size query precedes its uses. A
+runtime check (``if not (u0 <= 128): raise ...``) precedes the later units
+that use a name it tests, and keeps its place among the units that write a
+storage the caller holds (what a raise would leave visible). Calls with
+unknown effects, ``if`` statements that are not runtime checks and
+seeded-random ops are barriers (ordered with
 every unit). Emission (:func:`emit`) writes every statement once: an
 allocation immediately before the unit that first touches its storage, then
 aliases, checks and ``del`` statements as early as their names allow.
@@ -35,7 +43,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inductor_pass.program.wrapper_ast import Stmt, StmtKind, Wrapper
+from inductor_pass.program.wrapper_ast import QUERY_CALLEES, Stmt, StmtKind, Wrapper
 
 __all__ = [
     "ProgramModel",
@@ -105,12 +113,17 @@ def declared_effects(
     Returns:
         ``(written_names, barrier)``. Names bound by the statement are new
         results and are not listed. Unknown callees write every argument and
-        are barriers.
+        are barriers; so do ``if`` statements other than runtime checks. Size
+        queries and runtime checks write nothing.
     """
     import ast
 
     from inductor_pass.program.kernel_sigs import names_in
 
+    if st.callee in QUERY_CALLEES or st.check_if:  # reads its names, writes nothing
+        return set(), False
+    if isinstance(st.node, ast.If):  # an `if` that is no runtime check: unknown effects
+        return set(st.uses) | set(st.defines), True
     call = st.node.value  # type: ignore[attr-defined]
     assert isinstance(call, ast.Call)
     callee = st.callee or ""
@@ -163,7 +176,7 @@ def static_storages(wrapper: Wrapper, sizes: dict[str, int] | None = None) -> Pr
     """A :class:`ProgramModel` from the source alone (no profile), for tests and dry runs.
 
     Each input and each ``ALLOC`` / unit result is its own storage; an
-    ``ALIAS`` shares its source's storages. Sizes default to 1 byte; the
+    ``ALIAS`` shares its source's storages; a size query binds no storage. Sizes default to 1 byte; the
     transient of an ``ALLOC`` or result-binding unit is its result size.
     """
     sizes = sizes or {}
@@ -181,7 +194,9 @@ def static_storages(wrapper: Wrapper, sizes: dict[str, int] | None = None) -> Pr
         t = 0
         if st.kind is StmtKind.ALIAS:
             name_storages[st.defines[0]] = name_storages.get(st.alias_of or "", frozenset())
-        elif st.kind in (StmtKind.ALLOC, StmtKind.UNIT):
+        elif st.kind is StmtKind.ALLOC or (
+            st.kind is StmtKind.UNIT and st.callee not in QUERY_CALLEES
+        ):
             for n in st.defines:
                 name_storages[n] = frozenset([nxt])
                 size_of[nxt] = sizes.get(n, 1)
@@ -297,11 +312,30 @@ def build_dependences(
             return root_unit(st.alias_of, depth + 1)
         return None
 
+    def unit_uses(u: int) -> set[str]:
+        """Names unit ``u`` and the allocations emitted right before it use."""
+        names = set(w.region[u].uses)
+        for a in attached.get(u, []):
+            names.update(w.region[a].uses)
+        return names
+
     for u in units:
-        for n in w.region[u].uses:
+        for n in unit_uses(u):
             r = root_unit(n)
             if r is not None and r != u:
                 edges.add((r, u))
+    # Runtime checks (Note [Data-dependent sizes] in inductor_pass/program/unbacked.py).
+    bound_here = {n for st in w.region for n in st.defines}
+    visible = model.external - model.owned
+    for c in units:
+        if not w.region[c].check_if:
+            continue
+        tested = set(w.region[c].uses) & bound_here
+        for u in units:
+            if u > c and tested & unit_uses(u):
+                edges.add((c, u))
+            if u != c and writes[u] & visible:
+                edges.add((min(u, c), max(u, c)))
     return units, edges, dict(attached), tail
 
 
@@ -369,6 +403,8 @@ def emit(
     flush()
     for u in unit_order:
         for a in attached.get(u, []):
+            if not needs_bound(region[a].uses):
+                raise EmissionError(f"allocation {a} uses names not bound before unit {u}")
             put(region[a])
         flush()
         if not needs_bound(region[u].uses):

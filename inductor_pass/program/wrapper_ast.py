@@ -16,7 +16,18 @@ statement gets a :class:`StmtKind`:
   the effect check hash every live storage around each: ``benchmarks/results/compile_tv.md``);
 - ``DEL``: ``del name`` (frees the storage when it was the last reference);
 - ``UNIT``: anything else (kernel calls: C++ ``cpp_pybinding`` kernels,
-  ``extern_kernels.*``, ``torch.ops.*`` fallbacks, Triton ``.run``).
+  ``extern_kernels.*``, ``torch.ops.*`` fallbacks, Triton ``.run``), and the
+  statements of data-dependent sizes (Note [Data-dependent sizes] in
+  ``inductor_pass/program/unbacked.py``): a *size query* ``u0 = buf2.size(0)`` /
+  ``u0 = buf0.item()`` (callee ``Tensor.size`` / ``Tensor.item``: it reads its
+  tensor and binds an unbacked symbol) and an ``if`` statement, one unit that
+  is never split (its uses and bindings are the names it loads and stores
+  anywhere inside). An ``if`` whose body only raises and whose test calls
+  nothing is a *runtime check* of the symbols (``Stmt.check_if``); any other is
+  a barrier with unknown effects.
+
+``bufN = None`` (Inductor's name for a node without a buffer) is an ``ALIAS``
+of nothing (``alias_of`` None).
 
 Kernel signatures are read from the module source
 (``inductor_pass/program/kernel_sigs.py``).
@@ -36,6 +47,8 @@ __all__ = [
     "Stmt",
     "Wrapper",
     "UnsupportedWrapper",
+    "QUERY_CALLEES",
+    "SIZE_QUERIES",
     "parse_wrapper",
     "render_region",
     "unbound_names",
@@ -55,6 +68,13 @@ class StmtKind(enum.Enum):
 
 
 _ALLOC_FUNCS = re.compile(r"^(torch\.)?empty_strided(_[a-z0-9_]+)?$")
+SIZE_QUERIES = frozenset({"size", "stride", "item", "numel", "storage_offset", "dim"})
+"""Tensor methods a size query calls (``u0 = buf2.size(0)``, ``u0 = buf0.item()``): they
+read their tensor, write nothing and bind a Python number; the callee is ``Tensor.<name>``."""
+
+QUERY_CALLEES = frozenset(f"Tensor.{m}" for m in SIZE_QUERIES)
+"""The callees of size-query units."""
+
 _CHECK_FUNCS = {
     "assert_size_stride",
     "assert_alignment",
@@ -84,7 +104,10 @@ class Stmt:
     callee: str | None = None
     """Dotted callee of a unit's call (``extern_kernels.addmm``, ``cpp_fused_0``, ``k.run``)."""
     alias_of: str | None = None
-    """Source name of an ``ALIAS``."""
+    """Source name of an ``ALIAS`` (None for ``bufN = None``)."""
+    check_if: bool = False
+    """An ``if <test>: raise ...`` unit whose test calls nothing: a runtime check of
+    unbacked symbols (Note [Data-dependent sizes] in ``inductor_pass/program/unbacked.py``)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -174,6 +197,11 @@ def _classify(node: ast.stmt) -> tuple[StmtKind, list[str], list[str], str | Non
                 and isinstance(value.slice, ast.Constant)
             ):
                 return StmtKind.ALIAS, [target.id], [], None, value.value.id
+            if isinstance(value, ast.Constant) and value.value is None:
+                return StmtKind.ALIAS, [target.id], [], None, None
+            if isinstance(value, ast.Call) and _size_query(value):
+                assert isinstance(value.func, ast.Attribute)
+                return StmtKind.UNIT, [target.id], [], f"Tensor.{value.func.attr}", None
             if isinstance(value, ast.Call):
                 callee = dotted_name(value.func)
                 if callee is not None and _ALLOC_FUNCS.match(callee):
@@ -193,8 +221,53 @@ def _classify(node: ast.stmt) -> tuple[StmtKind, list[str], list[str], str | Non
                     raise UnsupportedWrapper(f"nested unpacking at line {node.lineno}")
                 names.append(elt.id)
             return StmtKind.UNIT, names, [], dotted_name(value.func), None
+    if isinstance(node, ast.If):
+        for n in ast.walk(node):
+            if isinstance(n, (ast.Delete, ast.Return, ast.Global, ast.Nonlocal)) or (
+                isinstance(n, ast.Name) and isinstance(n.ctx, ast.Del)
+            ):
+                raise UnsupportedWrapper(
+                    f"`if` statement at line {node.lineno} deletes a name or returns "
+                    "(an `if` is one unit: its bindings only, nothing freed inside)"
+                )
+        return StmtKind.UNIT, _stored_names(node), [], None, None
     raise UnsupportedWrapper(
         f"statement of type {type(node).__name__} at line {node.lineno} is not permuted"
+    )
+
+
+def _size_query(call: ast.Call) -> bool:
+    """``t.size(0)``, ``t.item()``, ``t[0].size(0)``: a tensor method of
+    :data:`SIZE_QUERIES` on a name (or a constant projection of one) with constant arguments."""
+    func = call.func
+    if not (isinstance(func, ast.Attribute) and func.attr in SIZE_QUERIES):
+        return False
+    recv = func.value
+    if isinstance(recv, ast.Subscript) and isinstance(recv.slice, ast.Constant):
+        recv = recv.value
+    return (
+        isinstance(recv, ast.Name)
+        and not call.keywords
+        and all(isinstance(a, ast.Constant) for a in call.args)
+    )
+
+
+def _stored_names(node: ast.stmt) -> list[str]:
+    """Names a compound statement binds anywhere inside, in first-seen order, once each."""
+    out: list[str] = []
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and n.id not in out:
+            out.append(n.id)
+    return out
+
+
+def _is_check_if(node: ast.If) -> bool:
+    """``if <test>: raise ...`` with no ``else`` and no call in the test."""
+    return (
+        not node.orelse
+        and len(node.body) == 1
+        and isinstance(node.body[0], ast.Raise)
+        and not any(isinstance(n, ast.Call) for n in ast.walk(node.test))
     )
 
 
@@ -261,6 +334,10 @@ def parse_wrapper(source: str) -> Wrapper:
         kind, defines, deletes, callee, alias_of = _classify(node)
         if kind is StmtKind.DEL:
             uses = list(deletes)
+        elif isinstance(node, ast.If):  # one unit: every name it loads and does not bind
+            uses = [n for n in names_in(node) if n not in defines]
+        elif callee in QUERY_CALLEES:  # a size query
+            uses = names_in(node.value)  # type: ignore[attr-defined]
         elif isinstance(node.value, ast.Call):  # type: ignore[attr-defined]
             uses = sorted(_arg_names(node.value))  # type: ignore[attr-defined]
         else:
@@ -278,6 +355,7 @@ def parse_wrapper(source: str) -> Wrapper:
                 uses=uses,
                 callee=callee,
                 alias_of=alias_of,
+                check_if=isinstance(node, ast.If) and _is_check_if(node),
             )
         )
     first = region_nodes[0]

@@ -9,6 +9,7 @@ import torch
 
 from inductor_pass.config import PassConfig
 from inductor_pass.observe import notify, span
+from inductor_pass.program.unbacked import unbacked_symbols
 from inductor_pass.report import GraphReport, failed, record
 from inductor_pass.runtime import decision_cache
 from inductor_pass.runtime.salt import pass_uuid
@@ -140,7 +141,16 @@ class FirstCallPass:
         rep = cands[0].report
         same: list[str] = []
         ruled_out: dict[str, dict[str, object]] = {}
-        for variant in self.variants:
+        variants = self.variants
+        profiled = kept.get("profiled")
+        if variants and profiled is not None and unbacked_symbols(profiled.wrapper):
+            # Note [Data-dependent sizes] in inductor_pass/program/unbacked.py
+            variants = []
+            self.variant_notes.append(
+                "variants not run: data-dependent sizes (a program is chosen by its peak "
+                "at one size)"
+            )
+        for variant in variants:
             name, p = variant.name, variant.program
             src, glb, call, parts = p.source, p.globals, p.call, p.partitions
             if src == source:  # the flipped option changed nothing: one program, one pass

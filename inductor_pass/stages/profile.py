@@ -8,7 +8,9 @@ unit, which storages changed (the effect check, Note [Effect check scope]),
 transient bytes during every statement. The result, :class:`Profiled`, is the
 byte-exact :class:`~inductor_pass.program.units.ProgramModel` of the program (Note
 [Wrapper memory model] in ``inductor_pass/program/units.py``), checked against the
-measured live bytes statement by statement, or the reason the graph is left
+measured live bytes statement by statement, with what changes with the data
+when the program binds unbacked symbols (Note [Data-dependent sizes] in
+``inductor_pass/program/unbacked.py``), or the reason the graph is left
 unchanged. The search (``inductor_pass/stages/search.py``) and the decision
 (``inductor_pass/stages/decide.py``) follow.
 """
@@ -21,6 +23,7 @@ from typing import Any
 
 import torch
 
+from inductor_pass.program.unbacked import Varying, varying
 from inductor_pass.program.units import ProgramModel, simulate
 from inductor_pass.program.wrapper_ast import Wrapper, render_region
 from inductor_pass.stages.effects import profile_effects, unwritten_inputs
@@ -107,6 +110,9 @@ class Profiled:
     """Modelled peak of the original order."""
     live: list[int] = field(default_factory=list)
     """Modelled live bytes after each statement of the original order."""
+    varying: Varying | None = None
+    """What changes with the data when the program binds unbacked symbols (Note
+    [Data-dependent sizes] in ``inductor_pass/program/unbacked.py``); None: every size is static."""
 
     @property
     def on_cuda(self) -> bool:
@@ -185,4 +191,10 @@ def profile_program(
             f"({st.text.splitlines()[0][:60]!r}): live bytes modelled {out.live[k]}, "
             f"measured {live_after[k]}"
         )
+        return out
+    vary = varying(out.model, resolve)
+    if isinstance(vary, str):
+        out.refusal = vary
+    else:
+        out.varying = vary
     return out

@@ -137,6 +137,11 @@ def optimize_wrapper(
     rep.device = prof.device
     rep.modelled_original_peak = prof.modelled_peak
     rep.live_original = prof.live
+    if prof.varying is not None:  # Note [Data-dependent sizes] in inductor_pass/program/unbacked.py
+        rep.notes.append(
+            f"data-dependent sizes ({', '.join(prof.varying.symbols)}): peaks are those of "
+            "the profiled call; an order is admitted only when no higher at every size"
+        )
     if prof.refusal is not None:
         return done("left unchanged: " + prof.refusal)
 

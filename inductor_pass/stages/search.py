@@ -5,7 +5,9 @@ program, :func:`search_program` builds the units' dependences
 (:func:`inductor_pass.program.units.build_dependences`), searches the best emitted
 order with the heuristics and the scheduling core
 (:func:`inductor_pass.program.permute.search_order`: lower bounds, exact search,
-certificate), optionally the all-writes ablation, and then selective
+certificate; with data-dependent sizes only orders no higher at every size,
+Note [Data-dependent sizes] in ``inductor_pass/program/unbacked.py``),
+optionally the all-writes ablation, and then selective
 recomputation (Note [Recomputation in the wrapper] in
 ``inductor_pass/stages/recompute.py``). The result, :class:`Searched`, is the program
 to guard (``inductor_pass/stages/decide.py``).
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from inductor_pass.config import PassConfig
 from inductor_pass.program.permute import SearchResult, search_order
+from inductor_pass.program.unbacked import no_higher_at_every_size, segment_edges
 from inductor_pass.program.units import ProgramModel, build_dependences, simulate
 from inductor_pass.program.wrapper_ast import Wrapper
 from inductor_pass.report import GraphReport
@@ -68,6 +72,21 @@ def search_program(
     model = prof.model
     assert model is not None
     units, edges, attached, tail = build_dependences(model, resolve, all_writes=config.all_writes)
+    vary = prof.varying  # Note [Data-dependent sizes] in inductor_pass/program/unbacked.py
+    admissible = None if vary is None else partial(no_higher_at_every_size, model, vary)
+    extra = None
+    if vary is not None:
+        within = search_order(
+            model,
+            units,
+            edges | segment_edges(model, vary, units),
+            attached,
+            tail,
+            use_core=config.use_core,
+            time_limit_s=config.time_limit_s,
+            admissible=admissible,
+        )
+        extra = {"between data-dependent units": within.unit_order}
     res = search_order(
         model,
         units,
@@ -76,6 +95,8 @@ def search_program(
         tail,
         use_core=config.use_core,
         time_limit_s=config.time_limit_s,
+        admissible=admissible,
+        extra=extra,
     )
     ablation = None
     if config.ablation:
@@ -85,7 +106,13 @@ def search_program(
         ).peak
         build_dependences(model, resolve, all_writes=config.all_writes)  # restore effects
     wrapper, order, peak, out_model = model.wrapper, res.stmt_order, res.peak, model
-    if config.recompute:  # Note [Recomputation in the wrapper] in inductor_pass/stages/recompute.py
+    if config.recompute and vary is not None:
+        rep.recompute_note = (
+            "not with data-dependent sizes (a recomputation is chosen by its peak at one size)"
+        )
+    elif (
+        config.recompute
+    ):  # Note [Recomputation in the wrapper] in inductor_pass/stages/recompute.py
         from inductor_pass.stages import recompute
 
         rep.bounds = res.bounds  # the recomputation adds its bound to the same dict
