@@ -1,13 +1,16 @@
 """Each training stack of docs/integrations.md, in its own loop: is torch_replay right, and
 what does it cost next to the stack's own checkpointing? The rows and their models are
-benchmarks/lib/stack_rows.py's (HF Trainer, TRL, PEFT, Lightning, accelerate,
-torch.compile, save_on_cpu, FSDP2 root call and DDP on two gloo processes, timm).
+benchmarks/lib/stack_rows.py's (HF Trainer, TRL, PEFT, Lightning DDP and
+ModelParallelStrategy, accelerate DDP and FSDP2 plugin, torchtitan dense and MoE, FSDP2
+called from the root, torch.compile, save_on_cpu, timm); the distributed ones on two gloo
+processes.
 
 Correctness: two optimizer steps from the same initial model, no checkpointing (eager),
 the stack's own checkpointing and torch_replay; the largest difference of the losses,
 parameters and buffers from eager's, and whether torch_replay's equal the stack's bitwise
 (where the stack's is right, drop-in means bitwise). Every gradient is compared in the
-tests (tests/test_hf.py, test_recipes.py, test_distributed.py, test_timm.py).
+tests (tests/test_hf.py, test_recipes.py, test_distributed.py, test_torchtitan.py,
+test_timm.py).
 
 Time: CPU seconds a step (forward, backward, optimizer step, in the stack's loop; CPU time,
 not wall time, so other jobs on the machine count less), one thread a process; in each
@@ -18,18 +21,24 @@ interleaved across them.
 
     python -m benchmarks.bench_stacks                     # 3 processes a row, 5 rounds
     python -m benchmarks.bench_stacks --quick             # 1 process, 2 rounds
-    python -m benchmarks.bench_stacks --rows fsdp2,ddp    # some rows only
+    python -m benchmarks.bench_stacks --rows fsdp2,accelerate-ddp   # some rows only
     python -m benchmarks.bench_stacks --out benchmarks/results/stacks.md
 
-A row whose library is not installed is listed with the reason (timm needs a
-torchvision built for the installed torch; scripts/timm_tests.sh makes such an
-environment).
+A row whose library cannot be imported is listed with the reason. timm needs a
+torchvision built for the installed torch, which exists on this machine only for torch
+2.14.1: scripts/timm_tests.sh makes that environment (ENV, default
+~/.cache/torch_replay/timm/venv) and a copy of the tree with the extension built for it
+(SRC, beside ENV), and
+
+    python -m benchmarks.bench_stacks --python timm=ENV/bin/python --source timm=SRC
+
+runs the timm row's processes there (refresh SRC with scripts/timm_tests.sh after
+changing the tree); its row says under which torch it ran.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import pickle
@@ -84,6 +93,7 @@ def _measure(name: str, rounds: int, tmp: str, rank: int = 0) -> dict:
             times[mode] += runners[mode].steps(STEPS_PER_RUN)[1:]
     out["stack_s"] = statistics.median(times["stack"])
     out["tr_s"] = statistics.median(times["tr"])
+    out["torch"] = torch.__version__
     return out
 
 
@@ -110,8 +120,9 @@ def _rank_worker(rank: int, name: str, rounds: int, tmp: str) -> None:
 def _child(name: str, rounds: int) -> dict:
     """Row ``name`` in this process (its ranks spawned from here); rank 0's figures."""
     row = ROWS[name]
-    if row.needs and importlib.util.find_spec(row.needs) is None:
-        return {"skipped": f"{row.needs} is not installed"}
+    why = row.missing()
+    if why:
+        return {"skipped": why}
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
         if row.ranks == 1:
@@ -131,7 +142,18 @@ def _child(name: str, rounds: int) -> dict:
     return results[0]
 
 
-def _cells(name: str, runs: list[dict]) -> list[str]:
+def _row_options(parser: argparse.ArgumentParser, given: list[str], what: str) -> dict[str, str]:
+    """``ROW=VALUE`` options, by row."""
+    out = {}
+    for item in given:
+        name, sep, value = item.partition("=")
+        if not sep or name not in ROWS or not value:
+            parser.error(f"{what} takes ROW=VALUE with ROW one of {', '.join(ROWS)}: {item!r}")
+        out[name] = value
+    return out
+
+
+def _cells(name: str, runs: list[dict], python: str | None = None) -> list[str]:
     row = ROWS[name]
     bad = [r for r in runs if "error" in r or "skipped" in r]
     if bad:
@@ -140,10 +162,13 @@ def _cells(name: str, runs: list[dict]) -> list[str]:
     ratios = sorted(r["tr_s"] / r["stack_s"] for r in runs)
     first = runs[0]
     spread = f" ({ratios[0]:.3f}-{ratios[-1]:.3f})" if len(ratios) > 1 else ""
+    where = ""
+    if first["torch"] != torch.__version__:
+        where = f"; under torch {first['torch']} (`{python}`)"
     return [
         row.stack, row.line, f"{first['stack_vs_eager']:.2e}", f"{first['tr_vs_eager']:.2e}",
         "yes" if first["tr_is_stack"] else "no",
-        f"{statistics.median(ratios):.3f}{spread}; {1e3 * statistics.median(r['stack_s'] for r in runs):.1f} ms",
+        f"{statistics.median(ratios):.3f}{spread}; {1e3 * statistics.median(r['stack_s'] for r in runs):.1f} ms{where}",
     ]  # fmt: skip
 
 
@@ -153,6 +178,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated row names")
     parser.add_argument("--processes", type=int, default=3, help="separate processes a row")
     parser.add_argument("--rounds", type=int, default=5, help="rounds a process")
+    parser.add_argument(
+        "--python", action="append", default=[], metavar="ROW=PATH",
+        help="run row ROW's processes with this interpreter (repeatable)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--source", action="append", default=[], metavar="ROW=DIR",
+        help="... from this copy of the tree, its extension built for that interpreter's torch",
+    )  # fmt: skip
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one row in this process
     args = parser.parse_args(argv)
     if args.child:
@@ -162,11 +195,16 @@ def main(argv: list[str] | None = None) -> int:
     for n in names:
         if n not in ROWS:
             parser.error(f"unknown row {n!r}; the rows: {', '.join(ROWS)}")
+    pythons = _row_options(parser, args.python, "--python")
+    sources = _row_options(parser, args.source, "--source")
     processes, rounds = (1, 2) if args.quick else (args.processes, args.rounds)
     runs: dict[str, list[dict]] = {n: [] for n in names}
     for p in range(processes):  # rows interleaved across processes
         for n in names:
-            done = run_module("benchmarks.bench_stacks", ["--child", n, "--rounds", str(rounds)])
+            done = run_module(
+                "benchmarks.bench_stacks", ["--child", n, "--rounds", str(rounds)],
+                python=pythons.get(n), root=sources.get(n),
+            )  # fmt: skip
             try:
                 runs[n].append(json.loads(done.stdout.strip().splitlines()[-1]))
             except (IndexError, json.JSONDecodeError):
@@ -185,8 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     given = [a for i, a in enumerate(given)
              if not a.startswith("--out") and (i == 0 or given[i - 1] != "--out")]  # fmt: skip
     command = " ".join(["python -m benchmarks.bench_stacks", *given])
-    return emit(results_markdown(command, about, header, (_cells(n, runs[n]) for n in names)),
-                args.out)  # fmt: skip
+    rows = (_cells(n, runs[n], pythons.get(n)) for n in names)
+    return emit(results_markdown(command, about, header, rows), args.out)
 
 
 if __name__ == "__main__":

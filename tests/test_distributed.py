@@ -39,6 +39,13 @@ import torch.multiprocessing as mp
 import torch.utils.checkpoint as tcp
 
 import torch_replay as tr
+from benchmarks.lib.distributed_stacks import (
+    accelerator,
+    as_torchrun,
+    lightning_module,
+    lightning_trainer,
+    shard,
+)
 
 WORLD = 2
 # A hang guard, not a time box: the jobs take seconds, but two spawned workers
@@ -141,11 +148,7 @@ class _Block(torch.nn.Module):
 def _shard_blocks_and_root(model, rank: int):
     """``fully_shard`` each block of ``model`` and then the root (the README's recipe);
     returns its optimizer and the rank's input generator."""
-    from torch.distributed.fsdp import fully_shard
-
-    for block in model:
-        fully_shard(block)
-    fully_shard(model)
+    shard(model)
     return torch.optim.SGD(model.parameters(), lr=0.05), torch.Generator().manual_seed(100 + rank)
 
 
@@ -383,54 +386,45 @@ def test_fsdp2_root_call_at_detect_preserve_trains_like_eager(ranks, kind, reent
         _bitwise(res[("tr-preserve", reentrant)], res["eager"])
 
 
+def _is_stateful(m: torch.nn.Module) -> bool:
+    return isinstance(m, _StatefulBlock)
+
+
+def _mean_square(net, batch) -> torch.Tensor:
+    return net(batch[0]).pow(2).mean()
+
+
+def _bn_net() -> torch.nn.Sequential:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
+
+
+def _lightning_data():
+    x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1))
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
+
+
 def _lightning_model_parallel_job(rank):
     """Lightning's ``ModelParallelStrategy`` (FSDP2 over its device mesh), the blocks
     wrapped and sharded in ``configure_model``, ``Trainer.fit`` for two steps. The
     workers' process group is Lightning's: it joins a group already initialized and
     launches nothing when ``LOCAL_RANK`` is set, as under torchrun."""
     try:
-        import lightning as L
-        from lightning.pytorch.strategies import ModelParallelStrategy
+        import lightning  # noqa: F401
     except ImportError:  # the test skips with the reason
         return {"skip": "lightning is a test dependency (requirements-dev.txt)"}
-    from torch.distributed.fsdp import fully_shard
+    as_torchrun(rank, WORLD)
 
-    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(WORLD))
-
-    class Lit(L.LightningModule):
-        def __init__(self, checkpointed: bool):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
-            self.checkpointed = checkpointed
-
-        def configure_model(self):
-            if self.checkpointed:
-                tr.apply_activation_checkpointing(
-                    self.net, check_fn=lambda m: isinstance(m, _StatefulBlock)
-                )
-            mesh = self.device_mesh["data_parallel"]
-            for block in self.net:
-                fully_shard(block, mesh=mesh)
-            fully_shard(self.net, mesh=mesh)
-
-        def training_step(self, batch, batch_idx):
-            return self.net(batch[0]).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
+    def configure(lit, checkpointed: bool) -> None:
+        if checkpointed:
+            tr.apply_activation_checkpointing(lit.net, check_fn=_is_stateful)
+        shard(lit.net, mesh=lit.device_mesh["data_parallel"])
 
     out = {}
     for checkpointed in (False, True):
-        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1))
-        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
-        strategy = ModelParallelStrategy(data_parallel_size=WORLD, tensor_parallel_size=1)
-        trainer = L.Trainer(
-            accelerator="cpu", devices=WORLD, strategy=strategy, max_steps=2, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        )  # fmt: skip
-        lit = Lit(checkpointed)
-        trainer.fit(lit, data)
+        configure_model = functools.partial(configure, checkpointed=checkpointed)
+        lit = lightning_module(_bn_net(), configure_model, _mean_square)
+        lightning_trainer(WORLD, "model-parallel", max_steps=2).fit(lit, _lightning_data())
         wrapped = type(lit.net[0]).__name__
         params = [p.detach().to_local().clone() for p in lit.net.parameters()]
         out[checkpointed] = wrapped, params + [b.clone() for b in lit.net.buffers()]
@@ -451,20 +445,14 @@ def test_lightning_model_parallel_strategy_trains_like_eager(ranks):
 
 def _accelerate_fsdp2_job(rank):
     """accelerate's FSDP2 plugin with ``activation_checkpointing=True`` beside the
-    documented recipe, through ``Accelerator.prepare`` and ``accelerator.backward``.
-    accelerate selects FSDP only on accelerator devices (``AcceleratorState`` picks
-    ``MULTI_CPU``, which is DDP, on CPU and ignores the plugin), so the job sets the
-    state's ``distributed_type`` to FSDP after building ``Accelerator(cpu=True)``;
-    ``prepare`` then runs its own FSDP2 path (``fsdp2_apply_ac``, ``fsdp2_prepare_model``)."""
+    documented recipe, through ``Accelerator.prepare`` and ``accelerator.backward``, on
+    the CPU (how accelerate is made to take its FSDP2 path there:
+    benchmarks/lib/distributed_stacks.py's ``accelerator``)."""
     try:
-        from accelerate import Accelerator, FullyShardedDataParallelPlugin
         from accelerate.state import AcceleratorState
-        from accelerate.utils import DistributedType
     except ImportError:  # the test skips with the reason
         return {"skip": "accelerate is a test dependency (requirements-dev.txt)"}
-    os.environ.update(
-        LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD)
-    )
+    as_torchrun(rank, WORLD)
     policies = {
         "transformer": {
             "auto_wrap_policy": "transformer_based_wrap",
@@ -475,27 +463,19 @@ def _accelerate_fsdp2_job(rank):
     out = {}
     for policy, kwargs in policies.items():
         for how in ("eager", "torch", "tr"):
-            AcceleratorState._reset_state(True)
-            plugin = FullyShardedDataParallelPlugin(
-                fsdp_version=2, activation_checkpointing=how != "eager", **kwargs
-            )
-            accelerator = Accelerator(cpu=True)
-            accelerator.state.distributed_type = DistributedType.FSDP
-            accelerator.state.fsdp_plugin = plugin
-            torch.manual_seed(0)
-            model = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
+            acc = accelerator(fsdp2={"activation_checkpointing": how != "eager", **kwargs})
+            model = _bn_net()
             if how == "tr":  # the recipe: wrap before prepare()
-                is_block = lambda m: isinstance(m, _StatefulBlock)  # noqa: E731
-                tr.apply_activation_checkpointing(model, check_fn=is_block)
+                tr.apply_activation_checkpointing(model, check_fn=_is_stateful)
             opt = torch.optim.SGD(model.parameters(), lr=0.05)
-            model, opt = accelerator.prepare(model, opt)
+            model, opt = acc.prepare(model, opt)
             gen = torch.Generator().manual_seed(1 + rank)
             try:
                 with warnings.catch_warnings(record=True) as seen:
                     warnings.simplefilter("always")
                     for _ in range(2):
                         x = torch.randn(8, 16, generator=gen)
-                        accelerator.backward(model(x).pow(2).mean())
+                        acc.backward(model(x).pow(2).mean())
                         opt.step()
                         opt.zero_grad()
             except tr.UnsupportedReplayError as e:
@@ -534,43 +514,24 @@ def _lightning_ddp_job(rank):
     (torch_replay's recipe, or torch's wrapper in its place), ``Trainer.fit`` for two
     steps; the group is joined as under torchrun (``LOCAL_RANK`` set)."""
     try:
-        import lightning as L
+        import lightning  # noqa: F401
     except ImportError:  # the test skips with the reason
         return {"skip": "lightning is a test dependency (requirements-dev.txt)"}
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
         apply_activation_checkpointing as torch_apply,
     )
 
-    os.environ.update(LOCAL_RANK=str(rank), NODE_RANK="0", WORLD_SIZE=str(WORLD))
+    as_torchrun(rank, WORLD)
     apply = {"tr": tr.apply_activation_checkpointing, "torch": torch_apply}
 
-    class Lit(L.LightningModule):
-        def __init__(self, how: str):
-            super().__init__()
-            torch.manual_seed(0)
-            self.net = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
-            self.how = how
-
-        def configure_model(self):
-            if self.how in apply:
-                apply[self.how](self.net, check_fn=lambda m: isinstance(m, _StatefulBlock))
-
-        def training_step(self, batch, batch_idx):
-            return self.net(batch[0]).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
+    def configure(lit, how: str) -> None:
+        if how in apply:
+            apply[how](lit.net, check_fn=_is_stateful)
 
     out = {}
     for how in ("eager", "torch", "tr"):
-        x = torch.randn(32, 16, generator=torch.Generator().manual_seed(1))
-        data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x), batch_size=8)
-        trainer = L.Trainer(
-            accelerator="cpu", devices=WORLD, strategy="ddp", max_steps=2, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        )  # fmt: skip
-        lit = Lit(how)
-        trainer.fit(lit, data)
+        lit = lightning_module(_bn_net(), functools.partial(configure, how=how), _mean_square)
+        lightning_trainer(WORLD, "ddp", max_steps=2).fit(lit, _lightning_data())
         out[how] = [t.detach().clone() for t in (*lit.net.parameters(), *lit.net.buffers())]
     return out
 
@@ -590,7 +551,6 @@ def _accelerate_ddp_job(rank):
     """accelerate on two CPU processes (``MULTI_CPU``: DDP), the recipe (wrap before
     ``prepare``) or torch's wrapper in its place, ``accelerator.backward``, two steps."""
     try:
-        from accelerate import Accelerator
         from accelerate.state import AcceleratorState
     except ImportError:  # the test skips with the reason
         return {"skip": "accelerate is a test dependency (requirements-dev.txt)"}
@@ -598,26 +558,22 @@ def _accelerate_ddp_job(rank):
         apply_activation_checkpointing as torch_apply,
     )
 
-    os.environ.update(
-        LOCAL_RANK=str(rank), RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(WORLD)
-    )
+    as_torchrun(rank, WORLD)
     apply = {"tr": tr.apply_activation_checkpointing, "torch": torch_apply}
     out = {}
     for how in ("eager", "torch", "tr"):
-        AcceleratorState._reset_state(True)
-        accelerator = Accelerator(cpu=True)
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(*[_StatefulBlock("bn") for _ in range(2)])
+        acc = accelerator()
+        model = _bn_net()
         if how in apply:
-            apply[how](model, check_fn=lambda m: isinstance(m, _StatefulBlock))
+            apply[how](model, check_fn=_is_stateful)
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
-        model, opt = accelerator.prepare(model, opt)
+        model, opt = acc.prepare(model, opt)
         gen = torch.Generator().manual_seed(1 + rank)
         for _ in range(2):
-            accelerator.backward(model(torch.randn(8, 16, generator=gen)).pow(2).mean())
+            acc.backward(model(torch.randn(8, 16, generator=gen)).pow(2).mean())
             opt.step()
             opt.zero_grad()
-        distributed = str(accelerator.state.distributed_type)
+        distributed = str(acc.state.distributed_type)
         out[how] = (
             distributed,
             [t.detach().clone() for t in (*model.parameters(), *model.buffers())],

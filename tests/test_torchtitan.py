@@ -14,8 +14,6 @@ rest of the suite never imports it, nor the triton it needs).
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
@@ -25,6 +23,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 import torch_replay as tr
+from benchmarks.lib import torchtitan_models
 
 from . import torchtitan_jobs
 
@@ -187,26 +186,12 @@ def test_wrapper_checkpoint_impl_is_its_own_and_reentrant_keywords_still_packed(
 
 # --- torchtitan itself -------------------------------------------------------------
 
-_INSTALL = (
-    "torchtitan 0.3.0 and what it imports are installed by scripts/setup.sh "
-    "(requirements-torchtitan.txt, --no-deps, into .venv/torchtitan-site; "
-    f"or set {torchtitan_jobs.SITE_ENV})"
-)
-
-
-def _titan_missing() -> str | None:
-    site = torchtitan_jobs.site()
-    for package in ("torchtitan", "triton", "tyro", "spmd_types"):
-        if not os.path.isdir(os.path.join(site, package)):
-            return f"{package} is not in {site}: {_INSTALL}"
-    return None
-
 
 @pytest.fixture(scope="module")
 def titan_runs() -> list:
     """Every run of tests/torchtitan_jobs.py on two ranks (one pair of spawned workers
     for the whole file: each imports torchtitan and triton)."""
-    reason = _titan_missing()
+    reason = torchtitan_models.missing()
     if reason:
         pytest.skip(reason)
     from .test_distributed import _spawn

@@ -1,98 +1,18 @@
 """What the torchtitan tests run in each spawned process (tests/test_torchtitan.py):
-torchtitan's own trainer path, minus the data and the accelerator.
-
-``Trainer.__init__`` (torchtitan 0.3) does, in order: ``apply_overrides(config.override,
-config)``, ``model_spec.model.update_from_config``, ``build()``, the model's
-``parallelize_fn`` (activation checkpointing from ``config.activation_checkpoint``, then
-torchtitan's FSDP2 ``fully_shard``), ``init_weights``, ``config.optimizer.build`` and
-``model_spec.post_optimizer_build_fn`` (DeepSeek-V3: ``register_moe_load_balancing_hook``).
-:func:`train` does the same calls on the config registry's debug config, then two
-optimizer steps. What differs from the Trainer, and why:
-
-- torchtitan falls back to device ``"cuda"`` when torch finds no accelerator
-  (``torchtitan.tools.utils.get_device_info``); here it is told ``"cpu"`` while it is
-  imported, so its device mesh and FSDP2 run on the CPU over gloo (the Trainer itself
-  cannot start without CUDA: it calls ``torch.cuda.set_device``).
-- ``parallelism.spmd_backend="partial_dtensor"`` (FSDP2 ``fully_shard`` on plain
-  parameters, DTensor for model-parallel axes only): the default ``"spmd_types"`` asks
-  torch 2.13's ``fully_shard`` for ``dp_mesh_dims``, which then refuses the parameters
-  torchtitan left plain ("all parameters must be DTensors on the full SPMD mesh").
-- FSDP reduces with a plain sum (``set_force_sum_reduction_for_comms``): torchtitan sets
-  a gradient divide factor of 1.0, which FSDP turns into NCCL's ``PREMUL_SUM``, and gloo
-  has none. The gradients are the same sums.
-- The layers' inner attention is torchtitan's ``ScaledDotProductAttention`` (causal):
-  FlexAttention has no backward on the CPU, varlen attention needs CUDA.
-- Three layers of the debug model (DeepSeek-V3: one dense, two MoE with load
-  balancing), float32, 2 x 16 random tokens per rank and step, the registry's AdamW.
+torchtitan's own trainer path, minus the data and the accelerator, as
+benchmarks/lib/torchtitan_models.py builds it (what differs from torchtitan's Trainer, and
+why, is said there), then two optimizer steps, every gradient kept.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import traceback
 
 import torch
 
-SITE_ENV = "TORCH_REPLAY_TORCHTITAN_SITE"
+from benchmarks.lib.torchtitan_models import build, import_torchtitan, train_step
+
 PREFIX = "._checkpoint_wrapped_module"
-
-
-def site() -> str:
-    """Where scripts/setup.sh installs torchtitan and the packages it imports."""
-    return os.environ.get(SITE_ENV) or os.path.join(sys.prefix, "torchtitan-site")
-
-
-def import_torchtitan() -> None:
-    """Imports torchtitan from :func:`site` with ``"cpu"`` as its device (module
-    docstring)."""
-    import torch._utils
-
-    if site() not in sys.path:
-        sys.path.insert(0, site())
-    found = torch._utils._get_available_device_type
-    torch._utils._get_available_device_type = lambda: found() or "cpu"
-    try:
-        import torchtitan.tools.utils  # noqa: F401  (reads the device type once)
-        import torchtitan.trainer  # noqa: F401
-    finally:
-        torch._utils._get_available_device_type = found
-
-
-def _config(model: str, ac: str):
-    """The registry's debug config with activation checkpointing ``ac``: ``none``,
-    torchtitan's ``full`` / ``selective``, or the same with torch_replay's one line
-    (``tr-full``, ``tr-selective``)."""
-    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-
-    if model == "deepseek_v3":
-        from torchtitan.models.deepseek_v3.config_registry import (
-            deepseek_v3_debugmodel as registry,
-        )
-    else:
-        from torchtitan.models.llama3.config_registry import llama3_debugmodel as registry
-    config = registry()
-    spec = config.model_spec.model
-    spec.layers = spec.layers[:3]
-    for layer in spec.layers:
-        layer.attention.inner_attention = ScaledDotProductAttention.Config()
-    config.training.seq_len = 16
-    config.training.local_batch_size = 2
-    config.training.mixed_precision_param = "float32"
-    config.parallelism.spmd_backend = "partial_dtensor"
-    config.activation_checkpoint = {
-        "none": None,
-        "full": FullAC.Config(),
-        "selective": SelectiveAC.Config(),
-        "tr-full": FullAC.Config(),
-        "tr-selective": SelectiveAC.Config(),
-    }[ac]
-    if ac.startswith("tr-"):
-        # the one line (--override.imports on the command line)
-        config.override.imports.append("torch_replay.integrations.torchtitan.replay_ac")
-    return config
 
 
 def _canonical(name: str) -> str:
@@ -104,62 +24,20 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def train(model: str, ac: str, world: int, *, enable: bool = False) -> dict:
-    """Trainer.__init__'s calls (module docstring), then two optimizer steps; returns
-    the loss, every gradient, parameter and buffer (this rank's shards) by canonical
-    name, and what each block is wrapped in."""
-    from torchtitan.config import apply_overrides
-    from torchtitan.distributed import ParallelDims
-
-    from torch_replay.integrations import torchtitan as tr_titan
-
-    config = _config(model, ac)
-    if config.override.imports:
-        apply_overrides(config.override, config)
-    parallel_dims = ParallelDims.from_config(config.parallelism, world)
-    spec = config.model_spec
-    spec.model.update_from_config(config=config)
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        net = spec.model.build()
-    context = tr_titan.enable() if enable else contextlib.nullcontext()
-    with context:
-        net = spec.parallelize_fn(
-            net,
-            parallel_dims=parallel_dims,
-            training=config.training,
-            parallelism=config.parallelism,
-            compile_config=config.compile,
-            ac_config=config.activation_checkpoint,
-            dump_folder="",
-        )
-    from torch.distributed.fsdp import FSDPModule
-
-    for m in net.modules():  # gloo has no PREMUL_SUM (module docstring)
-        if isinstance(m, FSDPModule):
-            m.set_force_sum_reduction_for_comms(True)
-    net.to_empty(device="cpu")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        net.init_weights(buffer_device=None)
-    net.train()
-    optimizers = config.optimizer.build(model_parts=[net])
-    if spec.post_optimizer_build_fn is not None:
-        spec.post_optimizer_build_fn(optimizers, [net], parallel_dims)
+    """:func:`build`, then two optimizer steps; returns the loss, every gradient,
+    parameter and buffer (this rank's shards) by canonical name, and what each block is
+    wrapped in."""
+    titan = build(model, ac, world, enable=enable)
+    net = titan.net
     rank = torch.distributed.get_rank()
     gen = torch.Generator().manual_seed(100 + rank)
-    vocab = spec.model.vocab_size
     losses, grads = [], []
+    keep = lambda t: grads.append(  # noqa: E731
+        {_canonical(n): _local(p.grad) for n, p in t.net.named_parameters()}
+    )
     for _ in range(2):
-        tokens = torch.randint(0, vocab, (2, 17), generator=gen)
-        logits = net(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(
-            logits.flatten(0, 1).float(), tokens[:, 1:].flatten()
-        )
-        loss.backward()
-        losses.append(loss.detach().clone())
-        grads.append({_canonical(n): _local(p.grad) for n, p in net.named_parameters()})
-        optimizers.step()
-        optimizers.zero_grad()
+        tokens = torch.randint(0, titan.vocab, (2, 17), generator=gen)
+        losses.append(train_step(titan, tokens, before_step=keep).clone())
     return {
         "loss": losses,
         "grads": grads,

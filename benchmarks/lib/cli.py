@@ -121,20 +121,39 @@ def results_markdown(
     return "\n".join(lines) + "\n"
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    """This environment with the repository root first on ``PYTHONPATH`` (and ``extra``)."""
+def child_env(*, root: str = ROOT, **extra: str) -> dict[str, str]:
+    """This environment with ``root`` (default: the repository root) first on
+    ``PYTHONPATH``, and ``extra``."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env
 
 
-def run_module(module: str, args: list[str], **kwargs) -> subprocess.CompletedProcess:
-    """``python -m module *args`` from the repository root, output captured as text."""
-    kwargs.setdefault("env", child_env())
+def run_module(
+    module: str,
+    args: list[str],
+    *,
+    python: str | None = None,
+    root: str | None = None,
+    **kwargs,
+) -> subprocess.CompletedProcess:
+    """``python -m module *args`` from the repository root, output captured as text.
+
+    Args:
+        module: The module to run.
+        args: Its arguments.
+        python: The interpreter (default: this one).
+        root: Run from this copy of the tree instead (its ``module``, its
+            ``torch_replay`` and the extension built there), with it first on
+            ``PYTHONPATH``.
+        kwargs: More ``subprocess.run`` keywords (``env`` replaces :func:`child_env`'s).
+    """
+    root = root or ROOT
+    kwargs.setdefault("env", child_env(root=root))
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
+        [python or sys.executable, "-m", module, *args],
+        cwd=root,
         capture_output=True,
         text=True,
         **kwargs,

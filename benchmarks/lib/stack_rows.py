@@ -1,22 +1,30 @@
 """One row per training stack of docs/integrations.md for ``bench_stacks``: the stack's own
 loop (``Trainer.train()``, ``SFTTrainer``, PEFT in the ``Trainer``, Lightning's
-``Trainer.fit``, accelerate's prepared loop, a ``torch.compile``'d model, ``save_on_cpu``,
-FSDP2 called from the root and DDP with two gloo processes) run three ways:
+``Trainer.fit`` with DDP and with ``ModelParallelStrategy``, accelerate's prepared loop
+with DDP and with its FSDP2 plugin, torchtitan's Llama 3 and DeepSeek-V3 as its Trainer
+builds them, FSDP2 called from the root, a ``torch.compile``'d model, ``save_on_cpu``,
+timm's ResNet) run three ways:
 
     eager   no checkpointing
-    stack   the stack's own checkpointing (torch.utils.checkpoint underneath)
+    stack   the stack's own checkpointing (torch.utils.checkpoint underneath; where the
+            stack has none, torch's wrapper in the recipe's place)
     tr      torch_replay turned on with the stack's one line (docs/integrations.md)
 
 A row's :class:`Runner` is built once per mode and runs ``steps(k)`` training steps
 (forward, backward, optimizer step) in the stack's loop, returning each step's seconds;
-``state()`` gives the losses, parameters and buffers after them. The models are small
-but big enough that a step is not all Python overhead; BatchNorm blocks where the stack's
-models have such state (there torch's checkpointing updates the statistics twice).
+``state()`` gives the losses, parameters and buffers after them (of a sharded model, this
+rank's shards). The models are small but big enough that a step is not all Python
+overhead; BatchNorm blocks where the stack's models have such state (there torch's
+checkpointing updates the statistics twice). The distributed rows run in the processes of
+one gloo group (``ranks``), set up as the tests set them up
+(benchmarks/lib/distributed_stacks.py, benchmarks/lib/torchtitan_models.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,7 +36,16 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 
 import torch_replay as tr
+from benchmarks.lib.distributed_stacks import (
+    accelerator,
+    as_torchrun,
+    lightning_module,
+    lightning_trainer,
+    shard,
+)
 from benchmarks.lib.hf_stacks import VOCAB, build_hf
+from benchmarks.lib.torchtitan_models import build, import_torchtitan, train_step
+from benchmarks.lib.torchtitan_models import missing as titan_missing
 from torch_replay.integrations import transformers as tr_hf
 
 MODES = ("eager", "stack", "tr")
@@ -222,25 +239,29 @@ def trl_sft(mode: str, tmp: str) -> Runner:
 # ------------------------------------------------------------------ Lightning, accelerate
 
 
-def lightning_fit(mode: str, tmp: str) -> Runner:
+def _is_norm_block(m: nn.Module) -> bool:
+    return isinstance(m, NormBlock)
+
+
+def _not_head(m: nn.Module) -> bool:
+    """A block of :func:`norm_net` (wrapped or not), not its last ``Linear``."""
+    return not isinstance(m, nn.Linear)
+
+
+def lightning_fit(mode: str, tmp: str, rank: int = 0, strategy: str = "ddp") -> Runner:
+    """Lightning's ``Trainer.fit`` on the process group: ``strategy="ddp"``, or
+    ``"model-parallel"`` (``ModelParallelStrategy``: the blocks sharded with FSDP2 in
+    ``configure_model``, after the wrapping). Lightning has no checkpointing of its own:
+    its "own" is torch's wrapper in the recipe's place."""
     import lightning as L
 
-    class Lit(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net = norm_net()
-
-        def configure_model(self):  # each fit calls it: wrap once
-            if not getattr(self, "wrapped", False):
-                wrap_blocks(self.net, mode)
-                self.wrapped = True
-
-        def training_step(self, batch, _):
-            x, y = batch
-            return (self.net(x) - y).pow(2).mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.05)
+    def configure(lit) -> None:  # each fit calls it: wrap (and shard) once
+        if getattr(lit, "configured", False):
+            return
+        wrap_blocks(lit.net, mode)
+        if strategy == "model-parallel":
+            shard(lit.net, _not_head, mesh=lit.device_mesh["data_parallel"])
+        lit.configured = True
 
     class Clock(L.Callback):
         def __init__(self):
@@ -253,37 +274,49 @@ def lightning_fit(mode: str, tmp: str) -> Runner:
             self.times.append(time.process_time() - self.t0)
             runner.losses.append(float(outputs["loss"]))
 
-    lit = Lit()
+    as_torchrun(rank, torch.distributed.get_world_size())
+    loss = lambda net, batch: (net(batch[0]) - batch[1]).pow(2).mean()  # noqa: E731
+    lit = lightning_module(norm_net(), configure, loss)
     batches = norm_batches(8)
     data = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(*(torch.cat(t) for t in zip(*batches, strict=True))),
         batch_size=BATCH,
-    )
+    )  # each rank gets its half (Lightning's distributed sampler)
     runner = Runner(lit, lambda k: [])
 
     def run(k: int) -> list[float]:
         clock = Clock()
-        trainer = L.Trainer(
-            max_steps=k, accelerator="cpu", devices=1, logger=False, callbacks=[clock],
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        trainer = lightning_trainer(
+            torch.distributed.get_world_size(), strategy, k, callbacks=[clock],
             default_root_dir=tmp,
         )  # fmt: skip
-        trainer.fit(lit, train_dataloaders=data)  # an iterable of batches
+        trainer.fit(lit, train_dataloaders=data)
         return clock.times
 
     runner.run = run
     return runner
 
 
-def accelerate_loop(mode: str, tmp: str) -> Runner:
-    import accelerate
-
+def accelerate_loop(mode: str, tmp: str, rank: int = 0, fsdp2: bool = False) -> Runner:
+    """accelerate's prepared loop on the process group: DDP (two CPU processes), or its
+    FSDP2 plugin (``transformer_based_wrap`` on the blocks), whose own checkpointing is
+    the plugin's ``activation_checkpointing=True``; torch_replay's recipe keeps that off
+    and wraps before ``prepare``."""
+    as_torchrun(rank, torch.distributed.get_world_size())
+    plugin = None
+    if fsdp2:
+        plugin = {
+            "activation_checkpointing": mode == "stack",
+            "auto_wrap_policy": "transformer_based_wrap",
+            "transformer_cls_names_to_wrap": [NormBlock.__name__],
+        }
+    acc = accelerator(fsdp2=plugin)
     model = norm_net()
-    wrap_blocks(model, mode)
-    accelerator = accelerate.Accelerator(cpu=True)
+    if not fsdp2 or mode != "stack":  # the plugin's own wraps in prepare()
+        wrap_blocks(model, mode)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    model, opt = accelerator.prepare(model, opt)
-    return plain_loop(model, norm_batches(8), [], opt=opt, backward=accelerator.backward)
+    model, opt = acc.prepare(model, opt)
+    return plain_loop(model, norm_batches(8, rank), [], opt=opt, backward=acc.backward)
 
 
 # ------------------------------------------------------------------ torch alone
@@ -302,21 +335,38 @@ def offloaded(mode: str, tmp: str) -> Runner:
 
 
 def fsdp2_root(mode: str, tmp: str, rank: int = 0) -> Runner:
-    from torch.distributed.fsdp import fully_shard
-
     model = norm_net()
     wrap_blocks(model, mode)
-    for block in model:
-        if not isinstance(block, nn.Linear):
-            fully_shard(block)
-    fully_shard(model)
+    shard(model, _not_head)
     return plain_loop(model, norm_batches(8, rank), [])
 
 
-def ddp(mode: str, tmp: str, rank: int = 0) -> Runner:
-    model = norm_net()
-    wrap_blocks(model, mode)
-    return plain_loop(nn.parallel.DistributedDataParallel(model), norm_batches(8, rank), [])
+# ------------------------------------------------------------------ torchtitan
+
+
+def torchtitan(mode: str, tmp: str, rank: int = 0, model: str = "llama3") -> Runner:
+    """torchtitan's debug model as its Trainer builds it (FSDP2 over the group, its
+    AdamW and hooks: benchmarks/lib/torchtitan_models.py); its own checkpointing is its
+    full activation checkpointing config, torch_replay's the same config with the
+    override line."""
+    import_torchtitan()
+    ac = {"eager": "none", "stack": "full", "tr": "tr-full"}[mode]
+    titan = build(model, ac, torch.distributed.get_world_size())
+    gen = torch.Generator().manual_seed(100 + rank)
+    runner = Runner(titan.net, lambda k: [])
+
+    def run(k: int) -> list[float]:
+        times = []
+        for _ in range(k):
+            tokens = torch.randint(0, titan.vocab, (2, 17), generator=gen)
+            t0 = time.process_time()
+            loss = train_step(titan, tokens)
+            times.append(time.process_time() - t0)
+            runner.losses.append(loss.item())
+        return times
+
+    runner.run = run
+    return runner
 
 
 def timm_resnet(mode: str, tmp: str) -> Runner:
@@ -336,36 +386,79 @@ def timm_resnet(mode: str, tmp: str) -> Runner:
     return plain_loop(model, batches, [])
 
 
+def installed(module: str, why: str = "") -> Callable[[], str | None]:
+    """A row's ``missing``: None where ``module`` imports in this environment, else why
+    not (``why`` added)."""
+
+    def missing() -> str | None:
+        if importlib.util.find_spec(module) is not None:
+            return None
+        return f"{module} is not installed (torch {torch.__version__}){why}"
+
+    return missing
+
+
 @dataclass(frozen=True)
 class Row:
+    """A row of the table: the stack, its one line, its runner (``make(mode, tmp)``, with
+    ``rank=`` when ``ranks`` > 1) and why it cannot run here (``missing()``, None when it
+    can)."""
+
     stack: str
     line: str
     make: Callable[..., Runner]
     ranks: int = 1
-    needs: str = ""
+    missing: Callable[[], str | None] = lambda: None
 
 
+_TIMM = (
+    ": timm imports torchvision, which must be built for this torch; "
+    "scripts/timm_tests.sh makes such an environment (torch 2.14.1), and "
+    "`--python timm=ENV/bin/python --source timm=SRC` runs this row there"
+)
 ROWS = {
     "hf-trainer": Row("HF `Trainer` (Llama, `gradient_checkpointing=True`)", "`tr_hf.enable(model)`",
-                      hf_trainer, needs="transformers"),
+                      hf_trainer, missing=installed("transformers")),
     "trl": Row("TRL `SFTTrainer` (Llama, its default checkpointing)", "`tr_hf.enable(model)`",
-               trl_sft, needs="trl"),
+               trl_sft, missing=installed("trl")),
     "peft": Row("PEFT LoRA in the `Trainer` (Llama)", "`tr_hf.enable(model)`",
-                lambda mode, tmp: hf_trainer(mode, tmp, lora=True), needs="peft"),
-    "lightning": Row("Lightning `Trainer.fit` (BatchNorm blocks)",
-                     "`tr.apply_activation_checkpointing` in `configure_model`", lightning_fit,
-                     needs="lightning"),
-    "accelerate": Row("accelerate (BatchNorm blocks)",
-                      "`tr.apply_activation_checkpointing` before `prepare`", accelerate_loop,
-                      needs="accelerate"),
+                lambda mode, tmp: hf_trainer(mode, tmp, lora=True), missing=installed("peft")),
+    "lightning-ddp": Row(
+        "Lightning DDP (`strategy=\"ddp\"`, `Trainer.fit`), 2 gloo processes (BatchNorm blocks)",
+        "`tr.apply_activation_checkpointing` in `configure_model`", lightning_fit, ranks=2,
+        missing=installed("lightning")),
+    "lightning-model-parallel": Row(
+        "Lightning `ModelParallelStrategy` (FSDP2, `Trainer.fit`), 2 gloo processes (BatchNorm "
+        "blocks)", "`tr.apply_activation_checkpointing` in `configure_model`, then `fully_shard`",
+        functools.partial(lightning_fit, strategy="model-parallel"), ranks=2,
+        missing=installed("lightning")),
+    "accelerate-ddp": Row("accelerate DDP, 2 gloo processes (BatchNorm blocks)",
+                          "`tr.apply_activation_checkpointing` before `prepare`", accelerate_loop,
+                          ranks=2, missing=installed("accelerate")),
+    "accelerate-fsdp2": Row(
+        "accelerate FSDP2 plugin, 2 gloo processes (BatchNorm blocks; its own: the plugin's "
+        "`activation_checkpointing=True`)",
+        "`tr.apply_activation_checkpointing` before `prepare`, the plugin's "
+        "`activation_checkpointing=False`",
+        functools.partial(accelerate_loop, fsdp2=True), ranks=2,
+        missing=installed("accelerate")),
+    "torchtitan-dense": Row(
+        "torchtitan Llama 3 (dense, debug model, 3 layers), FSDP2 on 2 gloo processes (its own: "
+        "full AC)", "`--override.imports torch_replay.integrations.torchtitan.replay_ac`",
+        torchtitan, ranks=2, missing=titan_missing),
+    "torchtitan-moe": Row(
+        "torchtitan DeepSeek-V3 (MoE, load balancing, debug model, 3 layers), FSDP2 on 2 gloo "
+        "processes (its own: full AC)",
+        "`--override.imports torch_replay.integrations.torchtitan.replay_ac`",
+        functools.partial(torchtitan, model="deepseek_v3"), ranks=2, missing=titan_missing),
+    "fsdp2": Row("FSDP2 `fully_shard`, root called, 2 gloo processes (BatchNorm blocks)",
+                 "`tr.apply_activation_checkpointing`, then `fully_shard` each block and the root",
+                 fsdp2_root, ranks=2),
     "compile": Row("`torch.compile` of wrapped BatchNorm blocks",
                    "`tr.apply_activation_checkpointing`", compiled),
     "offload": Row("`save_on_cpu` around the step (BatchNorm blocks)",
                    "`tr.apply_activation_checkpointing`", offloaded),
-    "fsdp2": Row("FSDP2 `fully_shard`, root called, 2 gloo processes (BatchNorm blocks)",
-                 "`tr.apply_activation_checkpointing`, then `fully_shard`", fsdp2_root, ranks=2),
-    "ddp": Row("DDP, 2 gloo processes (BatchNorm blocks)",
-               "`tr.apply_activation_checkpointing`", ddp, ranks=2),
     "timm": Row("timm ResNet-18 (`set_grad_checkpointing`)", "`tr_timm.enable(model)`",
-                timm_resnet, needs="timm"),
+                timm_resnet, missing=installed("timm", _TIMM)),
 }  # fmt: skip
+"""The rows, by name (``--rows``), in the table's order."""
