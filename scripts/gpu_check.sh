@@ -327,8 +327,8 @@ sys.exit(0 if c["skipped"] and c["skipped"] == sum(c.values()) else 1)' "$counts
 step_inductor() {
   envs
   if [ "$DRY" = 1 ]; then
-    "$PY" -m benchmarks.bench_inductor_device --device cpu --size tiny --models block,unet \
-      --budget-s 60 --out "$OUT_DIR"
+    "$PY" -m benchmarks.bench_inductor_device --device cpu --size tiny --models block \
+      --budget-s 40 --out "$OUT_DIR"
   else
     "$PY" -m benchmarks.bench_inductor_device --device cuda --size small --budget-s 100 \
       --out "$OUT_DIR"
