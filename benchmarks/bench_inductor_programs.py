@@ -36,7 +36,7 @@ models of ``benchmarks/bench_recompute_training.py`` trained with
 Run:
     nice -n 10 .venv/bin/python -m benchmarks.bench_inductor_programs [--quick]
         [--programs gpt2-inference-dynamic,frozen-cnn] [--lengths 32,16] [--reps 2]
-        [--out benchmarks/results] [--outputs FILE]
+        [--no-warmup] [--out benchmarks/results] [--outputs FILE]
 prints the table; with --out, writes <out>/inductor_programs.md and its data,
 <out>/inductor_programs.json (rewritten after every program). ``--quick``: GPT-2 inference
 with ``dynamic=True`` at lengths 32 and 16, the frozen CNN, the MoE, ``cpp_wrapper``.
@@ -535,6 +535,12 @@ def main() -> None:
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="dynamic rows' lengths")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions of each peak")
     ap.add_argument(
+        "--no-warmup",
+        action="store_true",
+        help="skip the warm-up compiles (the first program's compile times then carry the "
+        "process's one-time costs; for runs that read peaks and outputs only)",
+    )
+    ap.add_argument(
         "--outputs",
         default=None,
         help="also save each row's outputs of ours (steady step; training: and gradients) "
@@ -572,11 +578,13 @@ def main() -> None:
     }
     # Warm-up: one-time costs of the first compile in a process (imports, toolchain probes)
     # would otherwise land on the first program's Inductor column.
-    for backend in ("inductor", make_backend(PassConfig(decision_cache=False))):
+    for backend in (
+        () if args.no_warmup else ("inductor", make_backend(PassConfig(decision_cache=False)))
+    ):
         compile_run(nn.Linear(4, 4), lambda: (torch.randn(2, 4),), True, backend, cache)
     # Dynamo's first trace of a transformers model pays once per process for its modules
     # (source inspection, lazy imports); a plain compile of each language model first.
-    for lm in dict.fromkeys(p.lm for p in todo if p.lm):
+    for lm in () if args.no_warmup else dict.fromkeys(p.lm for p in todo if p.lm):
         compile_run(_lm(lm, False)(), lambda: _ids(8), False, "inductor", cache)
     inductor_pass.clear_reports()
     rows: list[dict[str, Any]] = []
