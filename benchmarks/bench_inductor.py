@@ -64,31 +64,31 @@ from inductor_pass import PassConfig, make_backend
 # --------------------------------------------------------------------------- runs
 
 
-def _tensors(out):
+def output_tensors(out):
     return [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
-def _step(f, m, inputs, train):
+def run_step(f, m, inputs, train):
     """One step; returns outputs (and gradients) detached."""
     torch.manual_seed(0)
     if not train:
         with torch.no_grad():
-            return [t.detach() for t in _tensors(f(*inputs))]
+            return [t.detach() for t in output_tensors(f(*inputs))]
     for p in m.parameters():
         p.grad = None
-    out = _tensors(f(*inputs))
+    out = output_tensors(f(*inputs))
     sum(t.float().pow(2).sum() for t in out).backward()
     return [t.detach() for t in out] + [p.grad for p in m.parameters() if p.grad is not None]
 
 
-def _step_peak(f, m, inputs, train):
+def step_peak(f, m, inputs, train):
     """Peak bytes of one step above the start, from the profiler's CPU memory events."""
     from torch.profiler import ProfilerActivity, profile
 
     for p in m.parameters():
         p.grad = None
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        res = _step(f, m, inputs, train)
+        res = run_step(f, m, inputs, train)
         del res
     events = [
         (e.start_ns(), e.nbytes())
@@ -119,18 +119,18 @@ def compile_run(model, make_inputs, train, backend, cache, profile_step=False):
     inputs = make_inputs()
     f = torch.compile(m, backend=backend)
     t0 = time.perf_counter()
-    res = _step(f, m, inputs, train)
+    res = run_step(f, m, inputs, train)
     first = time.perf_counter() - t0
     steady = []
     for _ in range(2):
         t0 = time.perf_counter()
-        _step(f, m, inputs, train)
+        run_step(f, m, inputs, train)
         steady.append(time.perf_counter() - t0)
-    peak = _step_peak(f, m, inputs, train) if profile_step else None
+    peak = step_peak(f, m, inputs, train) if profile_step else None
     return res, first - min(steady), peak
 
 
-def _bitwise(a, b):
+def bitwise_equal(a, b):
     return len(a) == len(b) and all(
         x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y)
         for x, y in zip(a, b, strict=True)
@@ -160,7 +160,7 @@ def one(key, name, build, make_inputs, train, args):
         row["cold_ours_s"] = cold - cap.overhead_s
         row["capture_overhead_s"] = cap.overhead_s
         reps = inductor_pass.reports()
-        row["bitwise"] = _bitwise(ref, got)
+        row["bitwise"] = bitwise_equal(ref, got)
         del ref, got
         inductor_pass.clear_reports()
         _, row["warm_ours_s"], _ = compile_run(model, make_inputs, train, make_backend(cfg), d_ours)

@@ -1,6 +1,7 @@
 """The attention, recurrent, MLP and embedding families of the model zoo
 (``inductor_zoo``): a transformer block, ViT, Swin, LSTM/GRU cells, MLP-Mixer, embedding
-segment sums and the dropout / BatchNorm MLPs.
+segment sums, the dropout / BatchNorm MLPs and a top-1 mixture of experts whose routing
+decides its sizes.
 """
 
 from __future__ import annotations
@@ -208,3 +209,24 @@ class BNMLP(nn.Module):
             nn.ReLU(),
             nn.Linear(2 * d, 10),
         )
+
+
+class RoutedMoE(nn.Module):
+    """Top-1 mixture of experts over tokens ``[n, d]``: the router's argmax picks each
+    token's expert, and each expert runs on the tokens ``nonzero`` gives it, so its sizes
+    are data-dependent (unbacked symbols under ``torch.compile`` with
+    ``torch._dynamo.config.capture_dynamic_output_shape_ops``)."""
+
+    def __init__(self, d=32, experts=4, hidden=128):
+        super().__init__()
+        self.router = nn.Linear(d, experts)
+        self.up = nn.ModuleList(nn.Linear(d, hidden) for _ in range(experts))
+        self.down = nn.ModuleList(nn.Linear(hidden, d) for _ in range(experts))
+
+    def forward(self, x):
+        choice = self.router(x).argmax(-1)
+        out = torch.zeros_like(x)
+        for i, (up, down) in enumerate(zip(self.up, self.down, strict=True)):
+            idx = (choice == i).nonzero().squeeze(1)
+            out = out.index_add(0, idx, down(torch.relu(up(x[idx]))))
+        return x + out
