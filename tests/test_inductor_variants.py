@@ -86,6 +86,21 @@ def test_mixer_inference_is_never_above_the_best_inductor_variant(one_thread):
         assert r.deployed and r.variant == "reorder_for_peak_memory=False"
 
 
+def test_reorder_variant_is_a_lower_program_than_the_default_on_every_torch(one_thread):
+    # Note [Peak-memory planning off, on every torch]: on torch 2.14 the option alone gives
+    # the default program back. Both programs are plain Inductor's, measured around the call.
+    from torch._inductor import config as inductor_config
+
+    ((name, patch),) = choose.flipped_options(("reorder_for_peak_memory",))
+    assert name == "reorder_for_peak_memory=False"
+    model, x = mixer_and_input()
+    peak_default, out_default = call_peak(model, x, "inductor")
+    with inductor_config.patch(patch):
+        peak_variant, out_variant = call_peak(model, x, "inductor")
+    assert torch.equal(out_variant, out_default)
+    assert peak_variant < peak_default, (peak_variant, peak_default, patch)
+
+
 def _log_module_loads_and_waits(monkeypatch, fail_variant_wait=False):
     """Log ``(event, program, id(module globals))`` for Inductor's module loads and kernel waits."""
     from torch._inductor import codecache

@@ -4,7 +4,8 @@ Note [Program variants]
 A certificate says that no permutation of *this* program's kernel calls has a
 lower peak. Inductor can emit different programs for one graph: with
 ``reorder_for_peak_memory`` on (its default) and off, the kernels are the same
-but their order and Inductor's buffer reuse differ, and on MLP-Mixer- and
+but their order and Inductor's buffer reuse differ (on every torch: Note
+[Peak-memory planning off, on every torch]), and on MLP-Mixer- and
 ViT-style inference graphs the program with the option off peaks 10% lower
 than the default one that the pass certifies optimal. So the backend compiles
 each graph once more per option in ``PassConfig.variants`` (a boolean Inductor
@@ -103,15 +104,53 @@ def program_of(compiled_graph: Any) -> Program:
     )
 
 
-def flipped_options(names: Sequence[str]) -> list[tuple[str, dict[str, bool]]]:
-    """``(variant name, Inductor config patch)`` for each boolean option to flip."""
+# Note [Peak-memory planning off, on every torch]
+# Inductor's wrapper reuses a freed buffer for a later one only when its own
+# peak estimate allows it, and that estimate reads the buffers' memory-planning
+# information, which ``reorder_for_peak_memory`` computes. With the option off,
+# torch 2.13 leaves that information empty (the estimate is 0), so only buffers
+# of adjacent kernels are reused: that is the program that peaks lower on the
+# Mixer- and ViT-style graphs of Note [Program variants]. torch 2.14 added
+# ``aten_distributed_optimizations.enable_simple_overlap`` (on by default),
+# whose pass computes the same information when the option is off; the wrapper
+# then reuses buffers exactly as in the default program, so the variant was the
+# default program itself (the Mixer's inference: 5251072 B with either value,
+# against 4718592 B with both off). So flipping ``reorder_for_peak_memory`` off
+# also turns that pass off where the installed torch has it on. The variant
+# then has the same program as on torch 2.13; on a graph with collectives it
+# also lacks that pass's moves (it is deployed only by a strictly lower peak).
+_OFF_WITH: dict[str, dict[str, bool]] = {
+    "reorder_for_peak_memory": {"aten_distributed_optimizations.enable_simple_overlap": False},
+}
+
+
+def _config_value(dotted: str) -> Any:
+    """The installed Inductor's value of a (dotted) config option; None if it has none."""
     from torch._inductor import config as inductor_config
 
+    value: Any = inductor_config
+    for part in dotted.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def flipped_options(names: Sequence[str]) -> list[tuple[str, dict[str, bool]]]:
+    """``(variant name, Inductor config patch)`` for each boolean option to flip.
+
+    Turning ``reorder_for_peak_memory`` off also turns off the options of the
+    installed torch that would plan memory in its place (Note [Peak-memory
+    planning off, on every torch]); the variant keeps the flipped option's name.
+    """
     out = []
     for name in names:
-        value = getattr(inductor_config, name, None)
+        value = _config_value(name)
         if isinstance(value, bool):
-            out.append((f"{name}={not value}", {name: not value}))
+            patch = {name: not value}
+            if value:
+                for other, off in _OFF_WITH.get(name, {}).items():
+                    if isinstance(_config_value(other), bool) and _config_value(other) != off:
+                        patch[other] = off
+            out.append((f"{name}={not value}", patch))
     return out
 
 
