@@ -217,6 +217,10 @@ def test_routed_experts_are_permuted_no_higher_at_every_routing():
     assert rep.byte_exact and rep.bitwise_identical
     assert rep.modelled_permuted_peak == rep.measured_permuted_peak
     assert any("data-dependent sizes (u0, u1)" in n for n in rep.notes), rep.notes
+    # Variants are never chosen for such a graph: none is compiled (no forked child, no
+    # lookup in the pass's cache), and the report says so.
+    assert any("variants not compiled: data-dependent sizes" in n for n in rep.notes), rep.notes
+    assert not any(n.startswith("variant ") for n in rep.notes), rep.notes
     assert got[0][0] < want[0][0]  # the profiled call's sizes
     assert all(g < w for (w, _), (g, _) in zip(want, got, strict=True))
 

@@ -187,6 +187,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Any, *, _state: Hoo
     if armed is not None:
         armed.variants.extend(variants.variants)
         armed.variant_notes.extend(variants.notes)
+        armed.variants_skipped = variants.skipped
         source = getattr(out, "source_code", None)
         if variants.variants and isinstance(source, str) and decision_cache.enabled(config):
             decision_cache.store_variants(

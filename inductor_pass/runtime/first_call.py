@@ -52,6 +52,8 @@ class FirstCallPass:
         """The sizes of a symbolic graph's call (Note [Per-size orders]); "" when static."""
         self.variants: list[Variant] = []
         """Alternative programs (Note [Program variants] in ``inductor_pass/variants/choose.py``)."""
+        self.variants_skipped = False
+        """Variants deliberately not compiled (set by the backend): none to load either."""
         self.variant_notes: list[str] = []
 
     def __call__(self, args: list[Any]) -> Any:
@@ -134,7 +136,9 @@ class FirstCallPass:
             rep.num_inputs = sum(isinstance(x, torch.Tensor) for x in args)
             rep.pass_seconds = time.perf_counter() - t0
             return rep, {"variant": "default", "order": None}
-        if not self.variants and config.variants and not self.size:  # Note [Per-size orders]
+        if (
+            not self.variants and config.variants and not self.size and not self.variants_skipped
+        ):  # Note [Per-size orders]
             self._load_variants(source, config)
         kept: dict[str, Any] = {}
         cands = [candidate("default", source, glob, self.impl, partitions, kept)]

@@ -36,6 +36,9 @@ class Variants:
 
     variants: list[Variant] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    skipped: bool = False
+    """Variants were wanted and deliberately not compiled for this graph (the first
+    call must not look for them in the pass's cache either)."""
 
 
 def compile_with_variants(gm: Any, example_inputs: Any, kw: dict[str, Any], state: HookState):
@@ -57,6 +60,12 @@ def compile_with_variants(gm: Any, example_inputs: Any, kw: dict[str, Any], stat
     options = _variant_options(gm, example_inputs, config)
     forked: list[fork.Forked] = []
     made = Variants()
+    if not options and config.enabled and config.variants and _binds_unbacked_symbols(gm):
+        made.skipped = True
+        made.notes.append(
+            "variants not compiled: data-dependent sizes (a program is chosen by its peak "
+            "at one size; Note [Data-dependent sizes])"
+        )
     try:
         forked, pristine = _start_forks(gm, example_inputs, kw, options, config, made.notes)
         here = [o for o in options if o[0] not in {f.name for f in forked}]
@@ -109,7 +118,27 @@ def _variant_options(gm, example_inputs, config: PassConfig) -> list[tuple[str, 
             return []
     if getattr(inductor_config, "cpp_wrapper", False):
         return []
+    if _binds_unbacked_symbols(gm):  # never chosen: Note [Data-dependent sizes]
+        return []
     return flipped_options(config.variants)
+
+
+def _binds_unbacked_symbols(gm: Any) -> bool:
+    """Whether a node of ``gm`` has a size decided by data (an unbacked symbol).
+
+    Such a graph's program is never chosen among variants by its peak at one size
+    (Note [Data-dependent sizes] in ``inductor_pass/program/unbacked.py``), so its
+    variants are not compiled at all. Unsure (no metadata, an unknown value): False,
+    and the first call drops them as before.
+    """
+    try:
+        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+        return any(
+            free_unbacked_symbols(node.meta["val"]) for node in gm.graph.nodes if "val" in node.meta
+        )
+    except Exception:
+        return False
 
 
 def _start_forks(gm, example_inputs, kw, options, config: PassConfig, notes: list[str]):
