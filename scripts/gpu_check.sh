@@ -16,7 +16,8 @@
 # GPU-only parts are recorded as skipped with the reason. CI runs it
 # (scripts/run_tests.sh). Exit status: 0 when no step failed or timed out.
 # --only: run just these steps (the others are recorded as not run).
-# --budget STEP=S: another time box for one step (repeatable).
+# --budget STEP=S: another time box for one step (repeatable; S may have up to
+# three decimals, as 0.1).
 #
 # Time boxes bind on the GPU machine only. There each step runs under
 # `timeout` within the overall --limit-s, sized for that machine. A dry run
@@ -91,18 +92,28 @@ skip() { note "$*"; exit 77; }                     # a step skipped with its rea
 envs() { [ -f "$WORK/env.sh" ] && . "$WORK/env.sh"; return 0; }
 bundle_dir() { cat "$WORK/bundle.path" 2>/dev/null || echo "$BUNDLE"; }
 export -f note skip envs bundle_dir
+now_ms() { local t="${EPOCHREALTIME/[.,]/}"; echo $((10#$t / 1000)); }
+# "12" -> 12000, "0.1" -> 100: a time box in whole milliseconds.
+to_ms() { local i="${1%%.*}" f=""; [ "$i" != "$1" ] && f="${1#*.}"; f="${f}000"
+          echo $((10#${i:-0} * 1000 + 10#${f:0:3})); }
+# 1500 -> "1.500": what `timeout` and the report take.
+ms_s() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
 
 # step NAME BUDGET_S MIN_S EXPECTED: runs step_NAME, records it. On the GPU
 # machine the step runs under `timeout` (its budget, or what is left of the
 # limit); in a dry run it is never cut for time (see the header).
 step() {
-  local name="$1" budget="$2" min="$3" expected="$4" left t t0 rc status msg over
+  local name="$1" budget="$2" min="$3" expected="$4" left t t0 rc status msg over took
   case ",${ONLY:-,$name,}," in *",$name,"*) ;; *) return 0 ;; esac
-  over="$(echo "$BUDGETS" | grep -o " $name=[0-9]*" | tail -1 | cut -d= -f2)"
+  over="$(echo "$BUDGETS" | grep -o " $name=[^ ]*" | tail -1 | cut -d= -f2)"
   [ -n "$over" ] && budget="$over"
+  if ! [[ "$budget" =~ ^[0-9]+(\.[0-9]{1,3})?$ ]]; then
+    echo "gpu_check.sh: --budget $name=$budget is not a number of seconds (as 12 or 0.5)" >&2
+    exit 2
+  fi
   left=$((LIMIT_S - (SECONDS - START) - 8))
   rm -f "$WORK/$name.note"
-  t0=$SECONDS
+  t0=$(now_ms)
   if [ "$DRY" = 0 ] && [ "$left" -lt "$min" ]; then
     status=skipped
     msg="out of time: ${left} s left of the ${LIMIT_S} s limit, the step needs ${min} s"
@@ -111,12 +122,14 @@ step() {
       t="${GPU_CHECK_HANG_S:-1800}"
       echo "== $name (time box ${budget} s on the GPU machine, not enforced here; $((SECONDS - START)) s elapsed)"
     else
-      t=$((budget < left ? budget : left))
+      t=$(to_ms "$budget"); [ "$t" -gt $((left * 1000)) ] && t=$((left * 1000))
+      t=$(ms_s "$t")
       echo "== $name (up to ${t} s; $((SECONDS - START)) s elapsed)"
     fi
     STEP="$name" timeout --kill-after=5 "$t" bash -c "set -uo pipefail; step_$name" \
       >"$OUT_DIR/logs/$name.log" 2>&1
     rc=$?
+    took=$(($(now_ms) - t0))
     case "$rc" in
       0) status=pass ;;
       77) status=skipped ;;
@@ -128,16 +141,17 @@ step() {
       msg="stopped after ${t} s as hung (GPU_CHECK_HANG_S). $msg"
     elif [ "$status" = timeout ]; then
       msg="stopped after ${t} s (time box). $msg"
-    elif [ "$status" = pass ] && [ "$DRY" = 1 ] && [ $((SECONDS - t0)) -gt "$budget" ]; then
+    elif [ "$status" = pass ] && [ "$DRY" = 1 ] && [ "$took" -gt "$(to_ms "$budget")" ]; then
       status=slow
-      msg="took $((SECONDS - t0)) s, past its ${budget} s time box for the GPU machine (not enforced in a dry run). $msg"
+      msg="took $(ms_s "$took") s, past its ${budget} s time box for the GPU machine (not enforced in a dry run). $msg"
     fi
     [ "$status" = fail ] && [ -z "$msg" ] && msg="exit status $rc: see logs/$name.log"
     [ "$status" = fail ] && [ -n "$msg" ] && msg="exit status $rc: $msg"
   fi
-  echo "   $name: $status ($((SECONDS - t0)) s) $msg"
+  took=$(($(now_ms) - t0))
+  echo "   $name: $status ($(ms_s "$took") s) $msg"
   "$PY" scripts/gpu_check_report.py record --out "$OUT_DIR" --name "$name" --status "$status" \
-    --seconds "$((SECONDS - t0))" --budget "$budget" --expected "$expected" --note "$msg" \
+    --seconds "$(ms_s "$took")" --budget "$budget" --expected "$expected" --note "$msg" \
     || echo "   (could not record $name)"
   "$PY" scripts/gpu_check_report.py summary --out "$OUT_DIR" --order "$ORDER" \
     $([ "$DRY" = 1 ] && echo --dry-run) >/dev/null 2>&1 || true

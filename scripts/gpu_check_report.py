@@ -237,7 +237,7 @@ def cmd_record(a: argparse.Namespace) -> int:
         "name": a.name,
         "status": a.status,
         "seconds": round(a.seconds, 1),
-        "budget_s": a.budget,
+        "budget_s": int(a.budget) if a.budget.is_integer() else a.budget,
         "expected_on_gpu": a.expected,
         "note": a.note,
         "log": os.path.relpath(log, a.out),
@@ -249,7 +249,7 @@ def cmd_record(a: argparse.Namespace) -> int:
     with open(os.path.join(a.out, f"{a.name}.md"), "w") as f:
         f.write(
             f"# {a.name}: {a.status}\n\n{a.note}\n\n"
-            f"{rec['seconds']} s (budget {a.budget} s; expected on the GPU machine: "
+            f"{rec['seconds']} s (budget {rec['budget_s']} s; expected on the GPU machine: "
             f"{a.expected}). Files: {', '.join(produced) or '-'}.\n\n"
             f"Last lines of `{rec['log']}`:\n\n```\n{tail}```\n"
         )
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     rc.add_argument("--name", required=True)
     rc.add_argument("--status", required=True, choices=STATUSES)
     rc.add_argument("--seconds", type=float, required=True)
-    rc.add_argument("--budget", type=int, required=True)
+    rc.add_argument("--budget", type=float, required=True)
     rc.add_argument("--expected", default="-")
     rc.add_argument("--note", default="")
     ju = sub.add_parser("junit")
