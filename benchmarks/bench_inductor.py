@@ -81,26 +81,31 @@ def run_step(f, m, inputs, train):
     return [t.detach() for t in out] + [p.grad for p in m.parameters() if p.grad is not None]
 
 
-def step_peak(f, m, inputs, train):
-    """Peak bytes of one step above the start, from the profiler's CPU memory events."""
+def profiled_peak(step) -> int:
+    """Peak bytes above the start while ``step()`` runs and its result is dropped,
+    from the profiler's CPU memory events."""
     from torch.profiler import ProfilerActivity, profile
 
-    for p in m.parameters():
-        p.grad = None
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        res = run_step(f, m, inputs, train)
+        res = step()
         del res
-    events = [
+    events = sorted(
         (e.start_ns(), e.nbytes())
         for e in prof.profiler.kineto_results.events()
         if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")
-    ]
-    events.sort(key=lambda t: t[0])
+    )
     live = peak = 0
     for _, n in events:
         live += n
         peak = max(peak, live)
     return peak
+
+
+def step_peak(f, m, inputs, train):
+    """Peak bytes of one step above the start (gradients cleared first)."""
+    for p in m.parameters():
+        p.grad = None
+    return profiled_peak(lambda: run_step(f, m, inputs, train))
 
 
 def _fresh(cache):

@@ -30,6 +30,7 @@ import time
 import torch
 
 import inductor_pass  # noqa: F401  (registers the backend)
+from benchmarks.bench_inductor import profiled_peak
 from benchmarks.lib.cli import add_out_quick, make_parser
 from benchmarks.lib.recompute_models import REDIM_SIZES, ReDimNetStyle, SpecUNet, init_bn
 from inductor_pass import PassConfig, make_backend
@@ -72,24 +73,10 @@ def _step(f, m, inputs, pick):
 
 
 def step_peak(f, m, inputs, pick) -> int:
-    """Peak bytes of one step above the start, from the profiler's CPU memory events."""
-    from torch.profiler import ProfilerActivity, profile
-
+    """Peak bytes of one step above the start (gradients cleared first)."""
     for p in m.parameters():
         p.grad = None
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        res = _step(f, m, inputs, pick)
-        del res
-    events = sorted(
-        (e.start_ns(), e.nbytes())
-        for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]" and str(e.device_type()).endswith("CPU")
-    )
-    live = peak = 0
-    for _, n in events:
-        live += n
-        peak = max(peak, live)
-    return peak
+    return profiled_peak(lambda: _step(f, m, inputs, pick))
 
 
 def run_one(make, make_inputs, pick, budget: float) -> dict:
