@@ -28,8 +28,8 @@ pass's own decisions are cached too (Note [Decision cache] in
 ``inductor_pass/runtime/decision_cache.py``), so a warm process pays next to nothing.
 If the installed torch lacks ``CompiledFxGraph.post_compile``, the pass is
 armed after ``compile_fx_inner`` on an unwrapped callable only; modes that
-produce no Python wrapper (``cpp_wrapper``, AOT) are left unchanged with a
-reason.
+produce no Python wrapper are handled through a Python twin (``cpp_wrapper``,
+Note [C++ wrapper] in ``inductor_pass/runtime/cpp_wrapper.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from inductor_pass.config import PassConfig, get_config
 from inductor_pass.observe import notify, span
 from inductor_pass.report import GraphReport, failed, record
 from inductor_pass.runtime import decision_cache, variant_compile
+from inductor_pass.runtime.cpp_wrapper import CppTwin, CppWrapperPass
 from inductor_pass.runtime.first_call import FirstCallPass
 from inductor_pass.runtime.per_size import SizeDispatch
 from inductor_pass.runtime.salt import TorchReplayPass, pass_uuid
@@ -76,8 +77,12 @@ def _unchanged(kind: str, reason: str, config: PassConfig) -> None:
 
 
 def run_pass(
-    compiled_graph: Any, example_inputs: Any, kind: str, config: PassConfig
-) -> FirstCallPass | SizeDispatch | None:
+    compiled_graph: Any,
+    example_inputs: Any,
+    kind: str,
+    config: PassConfig,
+    twin: CppTwin | str | None = None,
+) -> FirstCallPass | SizeDispatch | CppWrapperPass | None:
     """Arm the pass on a finished ``CompiledFxGraph``; never raises.
 
     ``compiled_graph.current_callable`` becomes a :class:`FirstCallPass`,
@@ -86,7 +91,9 @@ def run_pass(
     program when it was deployed, else the original; for a graph with symbolic
     sizes, a :class:`SizeDispatch` that does so at the first call of each size
     (Note [Per-size orders] in ``inductor_pass/runtime/per_size.py``). Graphs the
-    pass cannot handle are reported here.
+    pass cannot handle are reported here. A ``cpp_wrapper`` graph gets a
+    :class:`CppWrapperPass` on its Python ``twin`` (Note [C++ wrapper] in
+    ``inductor_pass/runtime/cpp_wrapper.py``); ``twin`` is why there is none when a string.
 
     Returns:
         The armed pass, or None when the graph was left unchanged.
@@ -96,7 +103,13 @@ def run_pass(
     if not config.enabled:
         return _unchanged(kind, "pass disabled (PassConfig.enabled=False)", config)
     if getattr(inductor_config, "cpp_wrapper", False):
-        return _unchanged(kind, "cpp_wrapper mode has no Python wrapper to permute", config)
+        call = getattr(compiled_graph, "current_callable", None)
+        if isinstance(twin, CppTwin) and call is not None:
+            armed_cpp = CppWrapperPass(call, twin, kind, config)
+            compiled_graph.current_callable = armed_cpp
+            return armed_cpp
+        why = twin or "no Python twin: the graph was not compiled in this backend call"
+        return _unchanged(kind, f"cpp_wrapper: {why}", config)
     source = getattr(compiled_graph, "source_code", None)
     if not isinstance(source, str) or getattr(compiled_graph, "current_callable", None) is None:
         return _unchanged(kind, f"{type(compiled_graph).__name__} has no Python wrapper", config)
@@ -148,12 +161,15 @@ def install_post_compile_hook() -> bool:
                 state is not None
                 and state.config is not None
                 and not isinstance(
-                    getattr(self, "current_callable", None), (FirstCallPass, SizeDispatch)
+                    getattr(self, "current_callable", None),
+                    (FirstCallPass, SizeDispatch, CppWrapperPass),
                 )
             ):
                 state.failed_variants.update(kernels.resolve_deferred(state.deferred))
                 graph_kwargs = args[1] if len(args) > 1 else kwargs.get("graph_kwargs")
-                armed = run_pass(self, example_inputs, _kind_of(self, graph_kwargs), state.config)
+                armed = run_pass(
+                    self, example_inputs, _kind_of(self, graph_kwargs), state.config, state.cpp_twin
+                )
                 if armed is not None:
                     state.armed.append(armed)
             return original(self, example_inputs, *args, **kwargs)
@@ -240,7 +256,10 @@ def make_backend(config: PassConfig | None = None):
             # [Recomputation in training] in inductor_pass/stages/train_recompute.py).
             patches.setdefault("custom_partitioner_fn", TrainingRecompute(cfg))
         no_aot_cache = contextlib.nullcontext()
-        if cfg.variants and not decision_cache.enabled(cfg):
+        cpp = patches.get("cpp_wrapper", getattr(inductor_config, "cpp_wrapper", False))
+        if (cfg.variants and not decision_cache.enabled(cfg)) or (cfg.enabled and cpp):
+            # A cpp_wrapper graph's twin is compiled in the inner compile (Note [C++ wrapper]
+            # in inductor_pass/runtime/cpp_wrapper.py), which a cache hit skips.
             # Variants of graphs loaded from AOTAutograd's cache come from the
             # decision cache (Note [Decision cache]); without it, compile them.
             try:

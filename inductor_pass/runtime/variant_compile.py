@@ -27,7 +27,7 @@ from inductor_pass.stages.observable import observable_node
 from inductor_pass.variants import fork, kernels
 from inductor_pass.variants.choose import Program, Variant, flipped_options, program_of
 
-__all__ = ["Variants", "compile_with_variants", "copy_graph"]
+__all__ = ["Variants", "binds_unbacked_symbols", "compile_with_variants", "copy_graph"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -60,7 +60,7 @@ def compile_with_variants(gm: Any, example_inputs: Any, kw: dict[str, Any], stat
     options = _variant_options(gm, example_inputs, config)
     forked: list[fork.Forked] = []
     made = Variants()
-    if not options and config.enabled and config.variants and _binds_unbacked_symbols(gm):
+    if not options and config.enabled and config.variants and binds_unbacked_symbols(gm):
         made.skipped = True
         made.notes.append(
             "variants not compiled: data-dependent sizes (a program is chosen by its peak "
@@ -70,9 +70,11 @@ def compile_with_variants(gm: Any, example_inputs: Any, kw: dict[str, Any], stat
         forked, pristine = _start_forks(gm, example_inputs, kw, options, config, made.notes)
         here = [o for o in options if o[0] not in {f.name for f in forked}]
         _compile_variants(gm, example_inputs, kw, config, here, state, made)
+        state.cpp_twin = _cpp_twin(gm, example_inputs, kw, config)
         out = compile_fx_inner(gm, example_inputs, **kw)
         _collect_forks(forked, out, pristine, example_inputs, kw, state, made)
     finally:
+        state.cpp_twin = None
         for f in forked:  # the default compile failed: the children are not wanted
             fork.abandon(f)
         failed = {**state.failed_variants, **kernels.resolve_deferred(state.deferred)}
@@ -82,6 +84,21 @@ def compile_with_variants(gm: Any, example_inputs: Any, kw: dict[str, Any], stat
             made.notes.append(f"variant {v.name} not compiled: {failed[id(v.program.globals)]}")
     made.variants = [v for v in made.variants if id(v.program.globals) not in failed]
     return out, made
+
+
+def _cpp_twin(gm: Any, example_inputs: Any, kw: dict[str, Any], config: PassConfig):
+    """The Python twin of a ``cpp_wrapper`` graph (Note [C++ wrapper]), why there is none,
+    or None when the graph has a Python wrapper (or the pass is off)."""
+    from torch._inductor import config as inductor_config
+
+    from inductor_pass.runtime import cpp_wrapper
+
+    if not (config.enabled and kw.get("cpp_wrapper", inductor_config.cpp_wrapper)):
+        return None
+    try:
+        return cpp_wrapper.compile_twin(gm, example_inputs, kw)
+    except Exception as exc:  # the C++ program is compiled and runs unchanged
+        return f"no Python twin ({type(exc).__name__}: {exc})"
 
 
 def copy_graph(gm: Any) -> Any:
@@ -118,12 +135,12 @@ def _variant_options(gm, example_inputs, config: PassConfig) -> list[tuple[str, 
             return []
     if getattr(inductor_config, "cpp_wrapper", False):
         return []
-    if _binds_unbacked_symbols(gm):  # never chosen: Note [Data-dependent sizes]
+    if binds_unbacked_symbols(gm):  # never chosen: Note [Data-dependent sizes]
         return []
     return flipped_options(config.variants)
 
 
-def _binds_unbacked_symbols(gm: Any) -> bool:
+def binds_unbacked_symbols(gm: Any) -> bool:
     """Whether a node of ``gm`` has a size decided by data (an unbacked symbol).
 
     Such a graph's program is never chosen among variants by its peak at one size
