@@ -27,18 +27,22 @@ dropout, batch 2) at lengths 32, 16, 24, 48 in inference and training, with ``dy
 second) and ``dynamic=True``; frozen inference (``torch._inductor.config.freezing``) of the
 branchy CNN of ``tests/inductor_support.py`` and of GPT-2; a top-1 mixture of experts whose
 routing decides its sizes (``RoutedMoE``, ``benchmarks/lib/zoo_sequence.py``;
-``capture_dynamic_output_shape_ops``); the branchy CNN with ``cpp_wrapper=True`` and as an
-AOTInductor package (``torch._inductor.aoti_compile_and_package``, loaded with
-``aoti_load_package``: the pass never meets it, both columns run the one package); and the
+``capture_dynamic_output_shape_ops``); with ``cpp_wrapper=True`` the branchy CNN, the
+two-branch model of ``tests/inductor_support.py`` (inference) and GPT-2 (training, length
+32), each permuted through its Python twin (Note [C++ wrapper] in
+``inductor_pass/runtime/cpp_wrapper.py``); the branchy CNN and the two-branch model as
+AOTInductor packages (Inductor's ``torch._inductor.aoti_compile_and_package`` against
+``inductor_pass.aoti_compile_and_package``, both loaded with ``aoti_load_package``); and the
 models of ``benchmarks/bench_recompute_training.py`` trained with
 ``PassConfig(recompute=True)``.
 
 Run:
     nice -n 10 .venv/bin/python -m benchmarks.bench_inductor_programs [--quick]
         [--programs gpt2-inference-dynamic,frozen-cnn] [--lengths 32,16] [--reps 2]
-        [--no-warmup] [--out benchmarks/results] [--outputs FILE]
+        [--no-warmup] [--out benchmarks/results [--merge]] [--outputs FILE]
 prints the table; with --out, writes <out>/inductor_programs.md and its data,
-<out>/inductor_programs.json (rewritten after every program). ``--quick``: GPT-2 inference
+<out>/inductor_programs.json (rewritten after every program); with --merge, only the
+rows of --programs are replaced in that table, and it names the run each came from. ``--quick``: GPT-2 inference
 with ``dynamic=True`` at lengths 32 and 16, the frozen CNN, the MoE, ``cpp_wrapper``.
 """
 
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import json
 import os
 import shlex
@@ -68,7 +73,7 @@ from benchmarks.lib.hf_stacks import VOCAB, build_hf
 from benchmarks.lib.inductor_table import kib
 from benchmarks.lib.zoo_sequence import RoutedMoE
 from inductor_pass import PassConfig, make_backend
-from tests.inductor_support import FrozenBranchy
+from tests.inductor_support import FrozenBranchy, TwoBranch
 
 LENGTHS = (32, 16, 24, 48)
 """The sequence lengths of the dynamic rows, in the order they are called."""
@@ -193,11 +198,37 @@ def programs(lengths: tuple[int, ...] = LENGTHS, *, recompute_quick: bool = Fals
             inductor={"cpp_wrapper": True},
         ),
         Program(
+            key="cpp-wrapper-twobranch",
+            name="two branches into one product (tests/inductor_support.py TwoBranch), inference",
+            setting="cpp_wrapper=True",
+            build=TwoBranch,
+            inputs=lambda _: (torch.randn(256, 64, generator=torch.Generator().manual_seed(0)),),
+            inductor={"cpp_wrapper": True},
+        ),
+        Program(
+            key="cpp-wrapper-gpt2",
+            name="GPT-2 (2 layers, hidden 32), training, length 32",
+            setting="cpp_wrapper=True",
+            build=_lm("gpt2", True),
+            inputs=lambda _: _ids(32),
+            train=True,
+            inductor={"cpp_wrapper": True},
+            lm="gpt2",
+        ),
+        Program(
             key="aoti",
             name="branchy CNN (FrozenBranchy, unfrozen), inference",
             setting="AOTInductor package (aoti_compile_and_package, aoti_load_package)",
             build=FrozenBranchy,
             inputs=_image,
+            aoti=True,
+        ),
+        Program(
+            key="aoti-twobranch",
+            name="two branches into one product (tests/inductor_support.py TwoBranch), inference",
+            setting="AOTInductor package (aoti_compile_and_package, aoti_load_package)",
+            build=TwoBranch,
+            inputs=lambda _: (torch.randn(256, 64, generator=torch.Generator().manual_seed(0)),),
             aoti=True,
         ),
     ]
@@ -313,18 +344,26 @@ def measure(p: Program, reps: int, order: tuple[str, str]) -> list[dict[str, Any
 
 
 def measure_aoti(p: Program, reps: int) -> list[dict[str, Any]]:
-    """The AOTInductor package's row: both columns run the one package, loaded twice."""
+    """The AOTInductor package's row: Inductor's package
+    (``torch._inductor.aoti_compile_and_package``) against ours
+    (``inductor_pass.aoti_compile_and_package``), each compiled from the one export."""
     torch.manual_seed(0)
     model = p.build().eval()
     inputs = p.inputs(0)
+    makers = {
+        "inductor": torch._inductor.aoti_compile_and_package,
+        "ours": functools.partial(inductor_pass.aoti_compile_and_package, config=p.config),
+    }
+    compile_s, runners = {}, {}
     with tempfile.TemporaryDirectory(prefix="bench_programs_aoti_") as d, torch.no_grad():
-        t0 = time.perf_counter()
         exported = torch.export.export(model, inputs)
-        path = torch._inductor.aoti_compile_and_package(
-            exported, package_path=os.path.join(d, "program.pt2")
-        )
-        compile_s = time.perf_counter() - t0
-        runners = {b: torch._inductor.aoti_load_package(path) for b in ("inductor", "ours")}
+        seen = len(inductor_pass.reports())
+        for b, make in makers.items():
+            t0 = time.perf_counter()
+            path = make(exported, package_path=os.path.join(d, f"{b}.pt2"))
+            compile_s[b] = time.perf_counter() - t0
+            runners[b] = torch._inductor.aoti_load_package(path)
+        graphs = [_graph(r) for r in inductor_pass.reports()[seen:]]
         outs = {
             b: [run_step(r, model, inputs, False) for _ in range(2)] for b, r in runners.items()
         }
@@ -333,15 +372,7 @@ def measure_aoti(p: Program, reps: int) -> list[dict[str, Any]]:
             for b in ("inductor", "ours") if i % 2 == 0 else ("ours", "inductor"):
                 peaks[b].append(step_peak(runners[b], model, inputs, False))
     bitwise = all(bitwise_equal(a, b) for a, b in zip(outs["inductor"], outs["ours"], strict=True))
-    reason = (
-        "not deployed: the pass never meets an AOTInductor package (aoti_compile_and_package "
-        "calls no torch.compile backend); ours is Inductor's package"
-    )
-    row = _row(
-        p, 0, peaks, [], bitwise, {"inductor": compile_s, "ours": compile_s}, {}, outs["ours"][-1]
-    )
-    row["reason"] = reason
-    row["compile_note"] = "one compile: both columns load the same package"
+    row = _row(p, 0, peaks, graphs, bitwise, compile_s, {}, outs["ours"][-1])
     print(f"  {p.key}: {_row_line(row)}", flush=True)
     return [row]
 
@@ -450,6 +481,19 @@ def render(
         f"{head['reps']} interleaved repetition(s) of each peak, the lowest kept."
         + ("" if done else " **Partial: the run is still going or was cut.**"),
         "",
+    ]
+    for rerun in head.get("reruns", []):
+        lines += [
+            f"Rows of {', '.join(rerun['keys'])} are from a later run (replacing any the run "
+            "above made): "
+            f"`{rerun['command']}` (torch {rerun['torch']}; commit {rerun['commit']}; "
+            f"{rerun['date']}"
+            + (f"; {rerun['wall_s'] / 60:.1f} min" if rerun.get("wall_s") else "")
+            + ")."
+            + (f" {rerun['note']}" if rerun.get("note") else ""),
+            "",
+        ]
+    lines += [
         "Real peak: one step (inference call, or forward + loss + backward) above what was "
         "live at its start, from the profiler's CPU memory events, plain Inductor and ours "
         "compiled side by side in one process. Modelled: the pass's model of each graph's "
@@ -546,6 +590,12 @@ def main() -> None:
         help="also save each row's outputs of ours (steady step; training: and gradients) "
         "with torch.save to this file (for tests/test_bench_inductor_programs.py)",
     )
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --out and --programs: keep the other programs' rows of the table in --out "
+        "and replace these programs' rows (the table names the run each row comes from)",
+    )
     add_out_quick(
         ap,
         out="folder to write inductor_programs.md and .json into (e.g. benchmarks/results)",
@@ -562,6 +612,16 @@ def main() -> None:
         )
     if keys:
         todo = [p for p in todo if p.key in keys]
+    kept: list[dict[str, Any]] = []
+    if args.merge:
+        if not (args.out and keys):
+            raise SystemExit("--merge needs --out (the table to merge into) and --programs")
+        with open(os.path.join(args.out, NAME + ".json")) as f:
+            base = json.load(f)
+        if not base.get("done"):
+            raise SystemExit(f"{args.out}/{NAME}.json is a partial run: nothing to merge into")
+        kept = [r for r in base["rows"] if r["key"] not in keys]
+        order = [p.key for p in programs(lengths, recompute_quick=args.quick)]
     torch.set_num_threads(1)
     torch._inductor.config.compile_threads = 1
     torch.compiler.config.force_disable_caches = True
@@ -576,6 +636,16 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "reps": args.reps,
     }
+    if args.merge:
+        rerun = {k: head[k] for k in ("command", "torch", "commit", "date")}
+        rerun["keys"] = [p.key for p in todo]
+        reruns = [
+            {**r, "keys": [k for k in r["keys"] if k not in keys]}
+            for r in base.get("reruns", [])
+            if set(r["keys"]) - set(keys)
+        ]
+        head = {k: base[k] for k in ("command", "torch", "commit", "date", "reps")}
+        head["reruns"] = reruns + [rerun]
     # Warm-up: one-time costs of the first compile in a process (imports, toolchain probes)
     # would otherwise land on the first program's Inductor column.
     for backend in (
@@ -591,14 +661,24 @@ def main() -> None:
     failures: list[str] = []
 
     def write(done: bool) -> list[str]:
-        head["wall_s"] = time.perf_counter() - started
-        lines = render(rows, failures, head, done)
+        if args.merge:  # the table's wall time stays its first run's; each rerun has its own
+            head["reruns"][-1]["wall_s"] = time.perf_counter() - started
+            head["wall_s"] = base.get("wall_s", head["reruns"][-1]["wall_s"])
+        else:
+            head["wall_s"] = time.perf_counter() - started
+        table = rows
+        if args.merge:  # the programs' order; a key's rows keep their size order
+            table = sorted(
+                kept + rows,
+                key=lambda r: order.index(r["key"]) if r["key"] in order else len(order),
+            )
+        lines = render(table, failures, head, done)
         if args.out:
             os.makedirs(args.out, exist_ok=True)
             with open(os.path.join(args.out, NAME + ".md"), "w") as f:
                 f.write("\n".join(lines) + "\n")
             data = {**head, "done": done, "failures": failures}
-            data["rows"] = [{k: v for k, v in r.items() if k != "outputs"} for r in rows]
+            data["rows"] = [{k: v for k, v in r.items() if k != "outputs"} for r in table]
             with open(os.path.join(args.out, NAME + ".json"), "w") as f:
                 json.dump(data, f, indent=1)
         return lines

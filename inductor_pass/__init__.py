@@ -28,6 +28,8 @@ only the rooms above it, and ``config``, ``report`` and ``observe``):
   compile), ``variant_compile`` (an inner compile with its variants), ``state``
   (the hook state a backend call owns), ``first_call`` (the pass at a graph's first
   call), ``per_size`` (the same at each size's first call, for symbolic graphs),
+  ``cpp_wrapper`` (C++-wrapped programs through a Python twin), ``aoti``
+  (AOTInductor packages: :func:`aoti_compile_and_package`),
   ``decision_cache``, ``salt`` (the cache salt, ``TorchReplayPass``).
 - ``config`` (``PassConfig``), ``report`` (``GraphReport``), ``observe`` (compile
   observers for benchmarks and profilers: Note [Compile observers]).
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 from inductor_pass.config import PassConfig, get_config, set_config
 from inductor_pass.report import GraphReport, clear_reports, reports
+from inductor_pass.runtime.aoti import aoti_compile_and_package
 from inductor_pass.runtime.backend import (
     TorchReplayPass,
     make_backend,
@@ -54,6 +57,7 @@ __all__ = [
     "clear_reports",
     "make_backend",
     "torch_replay_backend",
+    "aoti_compile_and_package",
 ]
 
 register()
