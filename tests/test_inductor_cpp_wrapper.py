@@ -17,7 +17,7 @@ import torch
 import inductor_pass
 from benchmarks.bench_inductor import profiled_peak
 from inductor_pass.runtime import cpp_wrapper
-from tests.inductor_support import TwoBranch
+from tests.inductor_support import TwoBranch, pass_config
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo", "no_decision_cache")
 CPP = {"cpp_wrapper": True}
@@ -48,6 +48,25 @@ def test_inference_runs_the_cpp_program_in_a_lower_order_bitwise():
     # Measured around the user's call, by the profiler: below plain Inductor's C++ program.
     assert peak < ref_peak, (peak, ref_peak, rep.summary())
     assert rep.measured_permuted_peak < rep.measured_original_peak
+
+
+def test_a_warm_process_deploys_the_cached_order(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model, x = TwoBranch().eval(), torch.randn(256, 64)
+    ref, ref_peak = _inference(model, x, "inductor")
+    with pass_config(decision_cache=True):
+        inductor_pass.clear_reports()
+        _inference(model, x, "torch_replay")  # cold: the pass runs and stores its decision
+        (cold,) = inductor_pass.reports()
+        inductor_pass.clear_reports()
+        got, peak = _inference(model, x, "torch_replay")  # warm: from the decision cache
+        (warm,) = inductor_pass.reports()
+    assert cold.deployed and not any("pass's cache" in n for n in cold.notes), cold.notes
+    assert warm.deployed and any("pass's cache" in n for n in warm.notes), warm.notes
+    for a, b in zip(ref, got, strict=True):
+        assert torch.equal(a, b)
+    assert peak < ref_peak, (peak, ref_peak)
 
 
 def _train(model, x, backend):

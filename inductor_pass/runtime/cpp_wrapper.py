@@ -41,7 +41,9 @@ compiles under the backend, so the inner compile (and the twin) always runs; the
 FX graph cache still serves both programs. The permuted program is compiled at
 the first call, outside the FX graph cache (the hook is not part of its key);
 Inductor's code cache still serves its kernels and, in a warm process, its
-wrapper library.
+wrapper library. The decision is kept in the pass's decision cache (keyed by
+the twin's source and the call's signature): a warm process compiles the
+cached order again and deploys it without profiling or guard runs.
 """
 
 from __future__ import annotations
@@ -57,6 +59,8 @@ from inductor_pass.config import PassConfig
 from inductor_pass.observe import span
 from inductor_pass.program.wrapper_ast import StmtKind, parse_wrapper
 from inductor_pass.report import GraphReport, failed, record
+from inductor_pass.runtime import decision_cache
+from inductor_pass.runtime.salt import pass_uuid
 from inductor_pass.stages import guard
 from inductor_pass.stages.rewrite import optimize_wrapper
 from inductor_pass.variants.choose import Program, flipped_options
@@ -255,9 +259,23 @@ class CppWrapperPass:
         except Exception:
             owned = None
         call = self.impl
+        key = None
         try:
             with span("first-call pass (C++ wrapper)"):
-                rep, chosen = self._run(args, owned, twin, kind, config)
+                if decision_cache.enabled(config):
+                    key = decision_cache.decision_key(
+                        "cpp_wrapper\n" + twin.program.source,
+                        pass_uuid(config),
+                        decision_cache.call_signature(args, owned),
+                    )
+                cached = self._from_cache(key, twin) if key is not None else None
+                if cached is not None:
+                    rep, chosen = cached
+                else:
+                    rep, chosen = self._run(args, owned, twin, kind, config)
+                    if key is not None:
+                        decision = {"permuted": rep.permuted_source if chosen else None}
+                        decision_cache.store(key, decision, rep.as_dict())
         except Exception as exc:
             rep, chosen = failed(kind, twin.program.source, exc), None
             rep.notes.append(TWIN_NOTE)
@@ -266,6 +284,28 @@ class CppWrapperPass:
         if chosen is not None:
             self.impl = chosen
         return call(args)
+
+    def _from_cache(self, key: str, twin: CppTwin):
+        """``(report, program)`` from the pass's decision cache, or None (Note [Decision
+        cache] in ``inductor_pass/runtime/decision_cache.py``): a deployed order is compiled
+        again (Inductor's code cache holds its library) and run without a new guard, as a
+        cached Python program is."""
+        entry = decision_cache.load(key)
+        if entry is None:
+            return None
+        permuted = (entry.get("decision") or {}).get("permuted")
+        rep = GraphReport.from_dict(entry.get("report") or {})
+        rep.original_source = twin.program.source
+        chosen = None
+        if isinstance(permuted, str):
+            keys = node_keys(permuted)
+            with span("C++ wrapper recompile"):
+                compiled = twin.recompile(lambda nodes: order_nodes(list(nodes), keys)[0])
+            chosen = compiled.current_callable
+            rep.permuted_source = permuted
+        rep.pass_seconds = 0.0
+        rep.notes = [*rep.notes, f"decision from the pass's cache ({key[:16]})"]
+        return rep, chosen
 
     def _run(self, args, owned, twin: CppTwin, kind: str, config: PassConfig):
         t0 = time.perf_counter()
