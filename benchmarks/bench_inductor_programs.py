@@ -560,8 +560,19 @@ def _commit() -> str:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
         ).stdout.strip()
+        # The table's own files (rewritten by --merge runs) are not the code measured.
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!benchmarks/results",
+            ],
+            capture_output=True,
+            text=True,
         ).stdout.strip()
         return sha + (" (with uncommitted changes)" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
