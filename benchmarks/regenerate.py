@@ -53,8 +53,8 @@ from inductor_pass.observe import CompileObserver, observing
 from inductor_pass.program.units import declared_effects
 from inductor_pass.program.wrapper_ast import StmtKind, parse_wrapper
 from inductor_pass.runtime.backend import install_post_compile_hook
+from inductor_pass.runtime.graph_copy import copy_graph
 from inductor_pass.runtime.state import collecting
-from inductor_pass.runtime.variant_compile import copy_graph
 from inductor_pass.stages import guard
 from inductor_pass.variants.choose import Program
 

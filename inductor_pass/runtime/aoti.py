@@ -46,7 +46,7 @@ from inductor_pass.config import PassConfig, get_config
 from inductor_pass.observe import span
 from inductor_pass.report import GraphReport, failed, record
 from inductor_pass.runtime import cpp_wrapper
-from inductor_pass.runtime.variant_compile import copy_graph
+from inductor_pass.runtime.graph_copy import copy_graph
 from inductor_pass.stages import guard
 from inductor_pass.stages.rewrite import optimize_wrapper
 from inductor_pass.variants.choose import flipped_options, program_of

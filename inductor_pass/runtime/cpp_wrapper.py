@@ -60,6 +60,7 @@ from inductor_pass.observe import span
 from inductor_pass.program.wrapper_ast import StmtKind, parse_wrapper
 from inductor_pass.report import GraphReport, failed, record
 from inductor_pass.runtime import decision_cache
+from inductor_pass.runtime.graph_copy import binds_unbacked_symbols, copy_graph
 from inductor_pass.runtime.salt import pass_uuid
 from inductor_pass.stages import guard
 from inductor_pass.stages.rewrite import optimize_wrapper
@@ -97,7 +98,6 @@ class CppTwin:
 
 def twin_refusal(gm: Any, example_inputs: Any) -> str | None:
     """Why the twin of a ``cpp_wrapper`` graph is not compiled, or None."""
-    from inductor_pass.runtime.variant_compile import binds_unbacked_symbols
     from inductor_pass.stages.observable import observable_node
 
     why = guard.symbolic_inputs(example_inputs)
@@ -123,7 +123,6 @@ def compile_twin(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> CppTwin | 
     from torch._inductor.compile_fx import compile_fx_inner
 
     from inductor_pass.runtime.state import collecting
-    from inductor_pass.runtime.variant_compile import copy_graph
 
     why = twin_refusal(gm, example_inputs)
     if why is not None:

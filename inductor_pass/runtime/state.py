@@ -19,16 +19,11 @@ import contextlib
 import contextvars
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from inductor_pass.config import PassConfig
 from inductor_pass.variants.choose import Program
 from inductor_pass.variants.kernels import DeferredWait
-
-if TYPE_CHECKING:
-    from inductor_pass.runtime.cpp_wrapper import CppTwin, CppWrapperPass
-    from inductor_pass.runtime.first_call import FirstCallPass
-    from inductor_pass.runtime.per_size import SizeDispatch
 
 __all__ = ["HookState", "active", "collecting", "current", "detach"]
 
@@ -47,11 +42,12 @@ class HookState:
     (Note [Deferred variant kernels] in ``inductor_pass/variants/kernels.py``)."""
     failed_variants: dict[int, str] = field(default_factory=dict)
     """``id(variant module globals)`` -> why its kernels failed to build."""
-    cpp_twin: CppTwin | str | None = None
-    """During a ``cpp_wrapper`` graph's default compile: its Python twin, or why there is
-    none (Note [C++ wrapper] in ``inductor_pass/runtime/cpp_wrapper.py``)."""
-    armed: list[FirstCallPass | SizeDispatch | CppWrapperPass] = field(default_factory=list)
-    """The passes the hook armed, in order (the inner compile gives the default
+    cpp_twin: Any = None
+    """During a ``cpp_wrapper`` graph's default compile: its Python twin (a ``CppTwin``), or
+    why there is none (Note [C++ wrapper] in ``inductor_pass/runtime/cpp_wrapper.py``,
+    which imports this module)."""
+    armed: list[Any] = field(default_factory=list)
+    """The passes the hook armed (``FirstCallPass``, ``SizeDispatch``, ``CppWrapperPass``), in order (the inner compile gives the default
     program's its variants, then removes those it armed; the backend call empties
     it when it returns)."""
 

@@ -13,21 +13,19 @@ and their kernel waits are deferred to the default program's ``post_compile``
 from __future__ import annotations
 
 import contextlib
-import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
 from inductor_pass.config import PassConfig
 from inductor_pass.observe import span
+from inductor_pass.runtime.graph_copy import binds_unbacked_symbols, copy_graph
 from inductor_pass.runtime.state import HookState, collecting, detach
 from inductor_pass.stages import guard
 from inductor_pass.stages.observable import observable_node
 from inductor_pass.variants import fork, kernels
 from inductor_pass.variants.choose import Program, Variant, flipped_options, program_of
 
-__all__ = ["Variants", "binds_unbacked_symbols", "compile_with_variants", "copy_graph"]
+__all__ = ["Variants", "compile_with_variants"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -101,29 +99,6 @@ def _cpp_twin(gm: Any, example_inputs: Any, kw: dict[str, Any], config: PassConf
         return f"no Python twin ({type(exc).__name__}: {exc})"
 
 
-def copy_graph(gm: Any) -> Any:
-    """A deep copy of ``gm`` for another compile (Inductor's passes rewrite a graph in place).
-
-    Taken outside the tracing's fake mode: a graph can hold real tensors (a
-    constant such as ``torch.tensor([1.0, 2.0])`` in the user's code is a
-    ``_tensor_constant`` attribute), and copying one under the fake mode fails
-    in ``aten.set_`` (its storage is not on the ``meta`` device), after
-    ``FakeTensorMode`` has logged the failure at ERROR level. A frozen graph's
-    mkldnn constants are shared, not copied (``deepcopy`` cannot copy them).
-    """
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    # Opaque constants (a frozen graph's prepacked weights) cannot be copied, and need not
-    # be: the copy shares them, read only, as the default program does (Note [Opaque tensors]).
-    memo: dict[int, Any] = {}
-    for module in gm.modules():
-        for value in (*vars(module).values(), *module._buffers.values()):
-            if isinstance(value, torch.Tensor) and guard.is_opaque(value):
-                memo[id(value)] = value
-    with unset_fake_temporarily():
-        return copy.deepcopy(gm, memo)
-
-
 def _variant_options(gm, example_inputs, config: PassConfig) -> list[tuple[str, dict[str, bool]]]:
     """``(name, Inductor config patch)`` of each variant to compile for this graph."""
     from torch._inductor import config as inductor_config
@@ -138,24 +113,6 @@ def _variant_options(gm, example_inputs, config: PassConfig) -> list[tuple[str, 
     if binds_unbacked_symbols(gm):  # never chosen: Note [Data-dependent sizes]
         return []
     return flipped_options(config.variants)
-
-
-def binds_unbacked_symbols(gm: Any) -> bool:
-    """Whether a node of ``gm`` has a size decided by data (an unbacked symbol).
-
-    Such a graph's program is never chosen among variants by its peak at one size
-    (Note [Data-dependent sizes] in ``inductor_pass/program/unbacked.py``), so its
-    variants are not compiled at all. Unsure (no metadata, an unknown value): False,
-    and the first call drops them as before.
-    """
-    try:
-        from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
-
-        return any(
-            free_unbacked_symbols(node.meta["val"]) for node in gm.graph.nodes if "val" in node.meta
-        )
-    except Exception:
-        return False
 
 
 def _start_forks(gm, example_inputs, kw, options, config: PassConfig, notes: list[str]):
