@@ -11,8 +11,9 @@ outputs and every gradient of two steps are bitwise equal (``torch.equal``) to
 plain Inductor's.
 
 Models: ``ReDimNetStyle`` and ``SpecUNet`` (``benchmarks/lib/recompute_models.py``,
-batch norm in training mode) and tiny GPT-2 (``benchmarks/lib/hf_stacks.py``
-``build_hf("gpt2", dropout=0.0)``: no random ops, so both programs draw nothing).
+batch norm in training mode), tiny GPT-2 (``benchmarks/lib/hf_stacks.py``
+``build_hf("gpt2", dropout=0.0)``: no random ops, so both programs draw nothing) and a
+tiny transformers ResNet (basic blocks, batch norm in training mode).
 
 Run:
     nice -n 10 .venv/bin/python -m benchmarks.bench_recompute_training [--quick]
@@ -62,6 +63,27 @@ def models(quick: bool):
             lambda: (torch.randint(0, VOCAB, (2, 64)),),
             lambda out: out.logits,
         )
+        yield (
+            "ResNet (transformers, basic blocks, hidden 32/64/128, depths 2/2/2, 2 x 3 x 64 x 64)",
+            _hf_resnet,
+            lambda: (torch.randn(2, 3, 64, 64),),
+            lambda out: out.logits,
+        )
+
+
+def _hf_resnet():
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.ResNetConfig(
+        num_channels=3,
+        embedding_size=16,
+        hidden_sizes=[32, 64, 128],
+        depths=[2, 2, 2],
+        layer_type="basic",
+        num_labels=10,
+    )
+    return transformers.ResNetForImageClassification(cfg).train()
 
 
 def _step(f, m, inputs, pick):

@@ -278,6 +278,16 @@ class TrainingRecompute(CustomPartitionerFn):
             levels, [e[1] for e in eff], [e[2] for e in eff], [e[0].cost for e in eff], limit
         )
         chosen = [eff[i][0] for i in idx]
+        if not chosen:
+            at = max(range(len(levels)), key=levels.__getitem__)
+            steps = fns + [x for x in bw.graph.nodes if x.op == "call_function"]
+            where = "forward" if at < len(fns) else "backward"
+            name = steps[at].name if at < len(steps) else "?"
+            return None, (
+                f"recomputation in training: no set of chains within the budget lowers the "
+                f"modelled step peak ({peak} bytes, at {where} node {name}, step position "
+                f"{at} of {len(levels)}; {len(eff)} chain(s) lower the live bytes only elsewhere)"
+            )
         redone = calls(bw) & calls(fw)
         joint = {x.name: x for x in gm.graph.nodes}
         while chosen:
