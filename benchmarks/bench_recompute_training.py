@@ -65,22 +65,23 @@ def models(quick: bool):
         )
         yield (
             "ResNet (transformers, basic blocks, hidden 32/64/128, depths 2/2/2, 2 x 3 x 64 x 64)",
-            _hf_resnet,
+            hf_resnet,
             lambda: (torch.randn(2, 3, 64, 64),),
             lambda out: out.logits,
         )
 
 
-def _hf_resnet():
+def hf_resnet(hidden_sizes=(32, 64, 128), depths=(2, 2, 2), layer_type="basic"):
+    """A tiny transformers ResNet for 3-channel images, seeded, in training mode."""
     import transformers
 
     torch.manual_seed(0)
     cfg = transformers.ResNetConfig(
         num_channels=3,
         embedding_size=16,
-        hidden_sizes=[32, 64, 128],
-        depths=[2, 2, 2],
-        layer_type="basic",
+        hidden_sizes=list(hidden_sizes),
+        depths=list(depths),
+        layer_type=layer_type,
         num_labels=10,
     )
     return transformers.ResNetForImageClassification(cfg).train()

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 import inductor_pass  # noqa: F401  (registers the torch_replay backend)
-from benchmarks.bench_recompute_training import _step, step_peak
+from benchmarks.bench_recompute_training import _step, hf_resnet, step_peak
 from benchmarks.lib.recompute_models import ReDimNetStyle, init_bn
 from inductor_pass import PassConfig, make_backend
 from inductor_pass.report import clear_reports, reports
@@ -76,18 +76,9 @@ def test_hf_resnet_training_recompute_lowers_the_real_step_peak_bitwise(tmp_path
     """A Hugging Face model (transformers' ResNet, bottleneck blocks, batch norm in
     training mode): the ReLU outputs saved for its convolutions' weight gradients are
     recomputed; the real step peak is below plain Inductor's, gradients bitwise."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    torch.manual_seed(0)
-    cfg = transformers.ResNetConfig(
-        num_channels=3,
-        embedding_size=16,
-        hidden_sizes=[64, 128, 256],
-        depths=[1, 2, 2],
-        layer_type="bottleneck",
-        num_labels=10,
-    )
-    model = _Logits(transformers.ResNetForImageClassification(cfg).train())
+    model = _Logits(hf_resnet((64, 128, 256), (1, 2, 2), "bottleneck"))
     inputs = (torch.randn(2, 3, 32, 32),)
     ref, plain_peak, _ = _run(model, inputs, "inductor")
     got, ours_peak, parts = _run(model, inputs, make_backend(_cfg(recompute=True)))

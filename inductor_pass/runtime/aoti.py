@@ -49,7 +49,7 @@ from inductor_pass.runtime import cpp_wrapper
 from inductor_pass.runtime.graph_copy import copy_graph
 from inductor_pass.stages import guard
 from inductor_pass.stages.rewrite import optimize_wrapper
-from inductor_pass.variants.choose import flipped_options, program_of
+from inductor_pass.variants.choose import program_of
 
 __all__ = ["aoti_compile_and_package"]
 
@@ -234,39 +234,25 @@ def _permuted_package(
         f"{got.modelled_permuted_peak} B, measured {got.measured_original_peak} -> "
         f"{got.measured_permuted_peak} B"
     )
-    keys = cpp_wrapper.node_keys(got.permuted_source)
-    moved: dict[str, int] = {}
+    hook, moved = cpp_wrapper.order_hook(got.permuted_source)
 
-    def hook(nodes: list[Any]) -> list[Any]:
-        ordered, keyed = cpp_wrapper.order_nodes(list(nodes), keys)
-        moved.update(nodes=len(nodes), keyed=keyed)
-        moved["moved"] = sum(a is not b for a, b in zip(ordered, nodes, strict=True))
-        return ordered
-
-    patch = {**configs, "_post_fusion_custom_pass": hook}
-    if configs.get("reorder_for_peak_memory", inductor_config.reorder_for_peak_memory):
-        patch.update(
-            dict(flipped_options(["reorder_for_peak_memory"]))["reorder_for_peak_memory=False"]
-        )
+    reorder_on = configs.get("reorder_for_peak_memory", inductor_config.reorder_for_peak_memory)
+    patch = {**configs, **cpp_wrapper.hook_patch(hook, reorder_on)}
     candidate = os.path.join(scratch, "permuted.pt2")
-    with span("AOTInductor package (the pass's order)"):
-        candidate = inductor_package(ep, package_path=candidate, inductor_configs=patch)
-    rep.notes.append(
-        f"package compiled with the twin's order ({moved.get('moved')} of "
-        f"{moved.get('nodes')} scheduler nodes moved; {moved.get('keyed')} named in the twin)"
-    )
-    measure = guard.measure_cuda if rep.device == "cuda" else guard.measure_cpu
+    try:
+        with span("AOTInductor package (the pass's order)"):
+            candidate = inductor_package(ep, package_path=candidate, inductor_configs=patch)
+    except Exception as exc:
+        refused = cpp_wrapper.refusal(exc)
+        if refused is None:
+            raise
+        rep.reason = f"left unchanged: {refused} (Inductor's package kept)"
+        return None
+    rep.notes.append(f"package compiled with the twin's order ({cpp_wrapper.moved_note(moved)})")
     with span("AOTInductor guard"):
-        p0, out0, held0 = measure(_runner(path, ep), inputs)
-        p1, out1, held1 = measure(_runner(candidate, ep), inputs)
-    rep.measured_original_peak, rep.measured_permuted_peak = p0, p1
-    rep.byte_exact = None  # the package's own buffer reuse: measured, not modelled
-    same = (
-        guard.bitwise_equal(out0, out1)
-        and guard.bitwise_equal(held0, held1)
-        and guard.alias_pattern(out0) == guard.alias_pattern(out1)
-    )
-    rep.bitwise_identical = same
+        p0, p1, same = cpp_wrapper.compare(
+            _runner(path, ep), _runner(candidate, ep), inputs, None, rep
+        )
     if not same:
         rep.reason = "left unchanged: the permuted package's outputs are not bitwise Inductor's"
     elif p1 >= p0:

@@ -66,7 +66,18 @@ from inductor_pass.stages import guard
 from inductor_pass.stages.rewrite import optimize_wrapper
 from inductor_pass.variants.choose import Program, flipped_options
 
-__all__ = ["CppTwin", "CppWrapperPass", "compile_twin", "node_keys", "order_nodes"]
+__all__ = [
+    "CppTwin",
+    "CppWrapperPass",
+    "OrderRefused",
+    "compare",
+    "compile_twin",
+    "hook_patch",
+    "node_keys",
+    "order_hook",
+    "order_nodes",
+    "refusal",
+]
 
 TWIN_NOTE = (
     "C++ wrapper: the pass ran on the graph's Python twin (the same graph and kernels, "
@@ -141,11 +152,10 @@ def compile_twin(gm: Any, example_inputs: Any, kw: dict[str, Any]) -> CppTwin | 
         from torch._guards import tracing
         from torch._inductor.virtualized import V
 
-        patch: dict[str, Any] = {"_post_fusion_custom_pass": hook, "fx_graph_cache": False}
-        if inductor_config.reorder_for_peak_memory:
-            patch.update(
-                dict(flipped_options(["reorder_for_peak_memory"]))["reorder_for_peak_memory=False"]
-            )
+        patch = {
+            **hook_patch(hook, inductor_config.reorder_for_peak_memory),
+            "fx_graph_cache": False,
+        }
         with (
             tracing(context) if context is not None else contextlib.nullcontext(),
             V.set_fake_mode(fake_mode) if fake_mode is not None else contextlib.nullcontext(),
@@ -232,6 +242,76 @@ def order_nodes(nodes: list[Any], keys: dict[str, int]) -> tuple[list[Any], int]
     if len(out) != len(nodes):
         raise OrderRefused(f"the dependences of {len(nodes) - len(out)} nodes form a cycle")
     return out, keyed
+
+
+def order_hook(permuted_source: str) -> tuple[Callable[[list[Any]], list[Any]], dict[str, int]]:
+    """Inductor's post-fusion hook putting the scheduler nodes in the order of the twin's
+    ``permuted_source``, and the counts it fills (``nodes``, ``keyed``, ``moved``).
+
+    The hook raises :class:`OrderRefused` when the order is Inductor's own.
+    """
+    keys = node_keys(permuted_source)
+    moved: dict[str, int] = {}
+
+    def hook(nodes: list[Any]) -> list[Any]:
+        ordered, keyed = order_nodes(list(nodes), keys)
+        moved.update(nodes=len(nodes), keyed=keyed)
+        moved["moved"] = sum(a is not b for a, b in zip(ordered, nodes, strict=True))
+        if not moved["moved"]:
+            raise OrderRefused("the twin's order gives Inductor's node order")
+        return ordered
+
+    return hook, moved
+
+
+def hook_patch(hook: Callable[[list[Any]], list[Any]], reorder_on: bool) -> dict[str, Any]:
+    """Inductor options for a compile in ``hook``'s node order: the hook, and Inductor's
+    own peak-memory reordering off where it is on (it runs after the hook)."""
+    patch: dict[str, Any] = {"_post_fusion_custom_pass": hook}
+    if reorder_on:
+        patch.update(
+            dict(flipped_options(["reorder_for_peak_memory"]))["reorder_for_peak_memory=False"]
+        )
+    return patch
+
+
+def refusal(exc: BaseException) -> OrderRefused | None:
+    """The hook's refusal behind a failed compile (Inductor wraps what a hook raises)."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, OrderRefused):
+        cause = cause.__cause__ or cause.__context__
+    return cause
+
+
+def moved_note(moved: dict[str, int]) -> str:
+    return (
+        f"{moved.get('moved')} of {moved.get('nodes')} scheduler nodes moved; "
+        f"{moved.get('keyed')} named in the twin"
+    )
+
+
+def compare(
+    original: Callable[[list[Any]], Any],
+    permuted: Callable[[list[Any]], Any],
+    inputs: list[Any],
+    owned: list[bool] | None,
+    rep: GraphReport,
+) -> tuple[int, int, bool]:
+    """Both compiled programs run on copies of ``inputs``: ``(original peak, permuted peak,
+    bitwise)``; bitwise covers outputs, the inputs they write and their outputs' aliasing.
+    Fills the report's measured peaks (``byte_exact`` None: the compiled program plans
+    its own buffer reuse, so its peak is measured, not modelled)."""
+    measure = guard.measure_cuda if rep.device == "cuda" else guard.measure_cpu
+    p0, out0, held0 = measure(original, inputs, owned=owned)
+    p1, out1, held1 = measure(permuted, inputs, owned=owned)
+    same = (
+        guard.bitwise_equal(out0, out1)
+        and guard.bitwise_equal(held0, held1)
+        and guard.alias_pattern(out0) == guard.alias_pattern(out1)
+    )
+    rep.measured_original_peak, rep.measured_permuted_peak = p0, p1
+    rep.bitwise_identical, rep.byte_exact = same, None
+    return p0, p1, same
 
 
 class CppWrapperPass:
@@ -340,16 +420,7 @@ class CppWrapperPass:
             f"twin (Python wrapper): modelled {rep.modelled_original_peak} -> "
             f"{rep.modelled_permuted_peak} B, measured {twin_peaks[0]} -> {twin_peaks[1]} B"
         )
-        keys = node_keys(rep.permuted_source)
-        moved: dict[str, int] = {}
-
-        def hook(nodes: list[Any]) -> list[Any]:
-            ordered, keyed = order_nodes(list(nodes), keys)
-            moved.update(nodes=len(nodes), keyed=keyed)
-            moved["moved"] = sum(a is not b for a, b in zip(ordered, nodes, strict=True))
-            if not moved["moved"]:
-                raise OrderRefused("the twin's order gives Inductor's node order")
-            return ordered
+        hook, moved = order_hook(rep.permuted_source)
 
         try:
             with span("C++ wrapper recompile"):
@@ -357,29 +428,14 @@ class CppWrapperPass:
         except OrderRefused as exc:
             return done(f"left unchanged: {exc} (C++ program unchanged)")
         except Exception as exc:
-            cause = exc
-            while cause is not None and not isinstance(cause, OrderRefused):
-                cause = cause.__cause__ or cause.__context__
+            cause = refusal(exc)
             if cause is not None:
                 return done(f"left unchanged: {cause} (C++ program unchanged)")
             raise
         permuted = compiled.current_callable
-        rep.notes.append(
-            f"C++ program compiled with the twin's order ({moved.get('moved')} of "
-            f"{moved.get('nodes')} scheduler nodes moved; {moved.get('keyed')} named in the twin)"
-        )
-        measure = guard.measure_cuda if rep.device == "cuda" else guard.measure_cpu
+        rep.notes.append(f"C++ program compiled with the twin's order ({moved_note(moved)})")
         with span("C++ wrapper guard"):
-            p0, out0, held0 = measure(self.impl, list(args), owned=owned)
-            p1, out1, held1 = measure(permuted, list(args), owned=owned)
-        rep.measured_original_peak, rep.measured_permuted_peak = p0, p1
-        same = (
-            guard.bitwise_equal(out0, out1)
-            and guard.bitwise_equal(held0, held1)
-            and guard.alias_pattern(out0) == guard.alias_pattern(out1)
-        )
-        rep.bitwise_identical = same
-        rep.byte_exact = None  # the C++ program's peak is measured, not modelled
+            p0, p1, same = compare(self.impl, permuted, list(args), owned, rep)
         if not same:
             return done(
                 "left unchanged: the permuted C++ program's outputs are not bitwise the original's"
