@@ -147,7 +147,7 @@ def table(rows, args, started) -> str:
     out = [
         "# Selective recomputation in training (CPU FP32 training step, 1 thread)",
         "",
-        f"Command: `{' '.join(shlex.quote(a) for a in ['python', *sys.argv])}`",
+        f"Command: `python -m benchmarks.bench_recompute_training {shlex.join(sys.argv[1:])}`",
         f"torch {torch.__version__}; budget {args.budget:.2%} of each joint graph's cost.",
         "Step peak: bytes above the start of one whole step (forward, loss, backward), from",
         "the profiler's CPU memory events, plain Inductor vs the torch_replay backend with",
