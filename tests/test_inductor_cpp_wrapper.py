@@ -33,18 +33,25 @@ def _inference(model, x, backend):
     return outs, peak
 
 
-def test_inference_runs_the_cpp_program_in_a_lower_order_bitwise():
+def _against_inductor():
+    """TwoBranch inference under plain Inductor and under the backend, both with the C++
+    wrapper: ``(ref outputs, ref peak, our outputs, our peak, our one report)``."""
     torch.manual_seed(0)
     model, x = TwoBranch().eval(), torch.randn(256, 64)
     ref, ref_peak = _inference(model, x, "inductor")
     inductor_pass.clear_reports()
     got, peak = _inference(model, x, "torch_replay")
     (rep,) = inductor_pass.reports()
+    for a, b in zip(ref, got, strict=True):
+        assert torch.equal(a, b)
+    return ref_peak, peak, rep
+
+
+def test_inference_runs_the_cpp_program_in_a_lower_order_bitwise():
+    ref_peak, peak, rep = _against_inductor()
     assert rep.deployed, rep.reason + "".join(rep.notes)
     assert any("Python twin" in n for n in rep.notes), rep.notes
     assert rep.bitwise_identical is True
-    for a, b in zip(ref, got, strict=True):
-        assert torch.equal(a, b)
     # Measured around the user's call, by the profiler: below plain Inductor's C++ program.
     assert peak < ref_peak, (peak, ref_peak, rep.summary())
     assert rep.measured_permuted_peak < rep.measured_original_peak
@@ -119,15 +126,8 @@ def test_a_failure_in_the_recompile_keeps_the_cpp_program(monkeypatch):
         raise RuntimeError("injected in order_nodes")
 
     monkeypatch.setattr(cpp_wrapper, "order_nodes", broken)
-    torch.manual_seed(0)
-    model, x = TwoBranch().eval(), torch.randn(256, 64)
-    ref, _ = _inference(model, x, "inductor")
-    inductor_pass.clear_reports()
-    got, _ = _inference(model, x, "torch_replay")
-    (rep,) = inductor_pass.reports()
+    _, _, rep = _against_inductor()  # outputs bitwise plain Inductor's
     assert not rep.deployed and "injected in order_nodes" in rep.reason, rep.reason
-    for a, b in zip(ref, got, strict=True):
-        assert torch.equal(a, b)
 
 
 class _Node:
