@@ -129,6 +129,10 @@ def _image(_: int) -> tuple[torch.Tensor]:
     return (torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0)),)
 
 
+def _features(_: int) -> tuple[torch.Tensor]:
+    return (torch.randn(256, 64, generator=torch.Generator().manual_seed(0)),)
+
+
 def _tokens(_: int) -> tuple[torch.Tensor]:
     return (torch.randn(256, 32, generator=torch.Generator().manual_seed(0)),)
 
@@ -202,7 +206,7 @@ def programs(lengths: tuple[int, ...] = LENGTHS, *, recompute_quick: bool = Fals
             name="two branches into one product (tests/inductor_support.py TwoBranch), inference",
             setting="cpp_wrapper=True",
             build=TwoBranch,
-            inputs=lambda _: (torch.randn(256, 64, generator=torch.Generator().manual_seed(0)),),
+            inputs=_features,
             inductor={"cpp_wrapper": True},
         ),
         Program(
@@ -228,7 +232,7 @@ def programs(lengths: tuple[int, ...] = LENGTHS, *, recompute_quick: bool = Fals
             name="two branches into one product (tests/inductor_support.py TwoBranch), inference",
             setting="AOTInductor package (aoti_compile_and_package, aoti_load_package)",
             build=TwoBranch,
-            inputs=lambda _: (torch.randn(256, 64, generator=torch.Generator().manual_seed(0)),),
+            inputs=_features,
             aoti=True,
         ),
     ]
